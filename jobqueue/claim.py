@@ -1,0 +1,70 @@
+"""Claim: move up to N queued jobs to running for one worker, in one statement."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from jobqueue.db import DictConnection
+from jobqueue.queries import job as q
+
+__all__ = ["ClaimedJob", "claim"]
+
+
+@dataclass(frozen=True)
+class ClaimedJob:
+    """A job this worker holds; `claim` and `attempt` together guard every later write."""
+
+    id: uuid.UUID
+    prompt_id: uuid.UUID
+    org_id: int
+    created_by: int
+    priority: int
+    attempt: int
+    max_attempts: int
+    options: dict[str, Any]
+    supersedes: uuid.UUID | None
+    created_at: datetime
+    scheduled_for: datetime
+    claimed_at: datetime
+    claim: str
+
+
+def claim(
+    pool: ConnectionPool[DictConnection], worker_claim: str, limit: int, priority_ceiling: int
+) -> list[ClaimedJob]:
+    """Claims up to `limit` claimable jobs, most urgent (lowest priority number) then oldest first.
+
+    Args:
+        pool: database pool.
+        worker_claim: this worker's id, written to `worker_claim`.
+        limit: free slots; never claim more than can start now.
+        priority_ceiling: only jobs with priority <= this.
+
+    Returns:
+        The claimed jobs in claim order.
+    """
+    if limit <= 0:
+        return []
+    with pool.connection() as conn:
+        rows = conn.execute(
+            q.JOB_CLAIM_MANY,
+            {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling},
+        ).fetchall()
+    jobs = [
+        ClaimedJob(
+            id=r["id"], prompt_id=r["prompt_id"], org_id=r["org_id"], created_by=r["created_by"],
+            priority=r["priority"], attempt=r["attempt"], max_attempts=r["max_attempts"],
+            options=r["execution_options"], supersedes=r["supersedes"],
+            created_at=r["created_at"], scheduled_for=r["scheduled_for"],
+            claimed_at=r["claimed_at"], claim=worker_claim,
+        )
+        for r in rows
+    ]
+    # NOTE: UPDATE ... RETURNING does not keep the CTE's order.
+    jobs.sort(key=lambda j: (j.priority, j.scheduled_for))
+    return jobs

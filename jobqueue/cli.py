@@ -1,0 +1,161 @@
+"""The `sa-core` command line: migrate, run-worker, create-token, fake-provider, dev."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+from jobqueue import fake_provider
+from jobqueue.db import open_pool
+from jobqueue.executor import Executor
+from jobqueue.logs import configure_logging
+from jobqueue.migrate import migrate
+from jobqueue.policy import BackoffConfig
+from jobqueue.provider import Provider
+from jobqueue.settings import Settings, SettingsError
+from jobqueue.tokens import create_token
+from jobqueue.worker import Worker, WorkerConfig
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """The command cannot run as asked; printed without a traceback, exit code 2."""
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    applied = migrate(Settings.from_env().database_url)
+    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    return 0
+
+
+def _create_token(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    pool = open_pool(settings.database_url, name="cli", max_size=1)
+    try:
+        token = create_token(pool, args.org, args.user, label=args.label)
+    finally:
+        pool.close()
+    if args.json:
+        print(json.dumps({"token": token, "org_id": args.org, "user_id": args.user}))
+    else:
+        print(f"token for org {args.org}, user {args.user} (shown once): {token}")
+    return 0
+
+
+def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Callable[[], None]]:
+    """Wires a worker from settings; returns it with the function that releases its resources."""
+    if not settings.provider_url:
+        raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
+    pool = open_pool(settings.database_url, name="worker", max_size=config.concurrency + 3)
+    provider = Provider(settings.provider_url, settings.provider_api_key,
+                        settings.provider_timeout, max_connections=config.concurrency * 2)
+    backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
+                            rate_limit_min_wait=settings.rate_limit_min_wait)
+    executor = Executor(pool, provider, settings.provider_model, backoff)
+
+    def close() -> None:
+        provider.close()
+        pool.close()
+
+    return Worker(pool, executor, config), close
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    config = WorkerConfig(
+        concurrency=args.concurrency, batch_size=args.batch_size,
+        priority_ceiling=args.priority_ceiling, poll_interval=settings.poll_interval,
+        heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
+    )
+    worker, close = build_worker(settings, config)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.run(once=args.once)
+    finally:
+        close()
+    return 0
+
+
+def _fake_provider(args: argparse.Namespace) -> int:
+    fake_provider.serve_forever(args.host, args.port, fake_provider.config_from_args(args))
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from jobqueue.dev import run_dev
+
+    return run_dev(port=args.port)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _priority(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError("must be within 0..100")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="sa-core", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", help="apply pending SQL migrations").set_defaults(func=_migrate)
+
+    worker = sub.add_parser("run-worker", help="claim and run jobs")
+    worker.add_argument("--once", action="store_true", help="one claim round, then exit")
+    worker.add_argument("--batch-size", type=_positive, default=None,
+                        help="most jobs claimed at once (default: --concurrency)")
+    worker.add_argument("--priority-ceiling", type=_priority, default=100,
+                        help="claim only jobs with priority <= N")
+    worker.add_argument("--concurrency", type=_positive, default=4,
+                        help="jobs run at once (threads)")
+    worker.set_defaults(func=_run_worker)
+
+    token = sub.add_parser("create-token", help="create an API token (printed once)")
+    token.add_argument("--org", type=int, required=True)
+    token.add_argument("--user", type=int, required=True)
+    token.add_argument("--label", default=None)
+    token.add_argument("--json", action="store_true")
+    token.set_defaults(func=_create_token)
+
+    fake = sub.add_parser("fake-provider", help="run the OpenAI-compatible fake provider")
+    fake_provider.add_arguments(fake)
+    fake.set_defaults(func=_fake_provider)
+
+    dev = sub.add_parser("dev", help="migrate and run web, worker and fake provider together")
+    dev.add_argument("--port", type=int, default=8000)
+    dev.set_defaults(func=_dev)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one subcommand; returns its exit code."""
+    configure_logging()
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (SettingsError, UsageError) as exc:
+        print(f"sa-core: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

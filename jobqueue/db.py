@@ -1,0 +1,49 @@
+"""Connection pools with an explicit lifecycle: created closed, opened with a deadline, closed on shutdown."""
+
+from __future__ import annotations
+
+from psycopg import Connection
+from psycopg.rows import DictRow, dict_row
+from psycopg_pool import ConnectionPool
+
+__all__ = ["DictConnection", "open_pool"]
+
+DictConnection = Connection[DictRow]
+
+
+def open_pool(
+    conninfo: str,
+    *,
+    name: str,
+    min_size: int = 1,
+    max_size: int = 10,
+    timeout: float = 10.0,
+) -> ConnectionPool[DictConnection]:
+    """Opens a pool whose connections return rows as dicts.
+
+    Args:
+        conninfo: libpq URI.
+        name: pool name, shown in logs and `get_stats()`.
+        min_size: connections kept open.
+        max_size: connections at most.
+        timeout: seconds to wait for the first connection; startup fails fast past it.
+
+    Returns:
+        An open pool; the caller closes it.
+
+    Raises:
+        psycopg_pool.PoolTimeout: the database did not answer within `timeout`.
+    """
+    pool: ConnectionPool[DictConnection] = ConnectionPool(
+        conninfo,
+        name=name,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"row_factory": dict_row, "autocommit": True},
+        connection_class=Connection[DictRow],
+        check=ConnectionPool.check_connection,
+        reconnect_timeout=60.0,
+        open=False,
+    )
+    pool.open(wait=True, timeout=timeout)
+    return pool

@@ -1,0 +1,31 @@
+"""Domain errors, mapped to HTTP in one place (service.app) and to exit codes in the CLI."""
+
+__all__ = ["Conflict", "InvalidInput", "JobQueueError", "NotFound"]
+
+
+class JobQueueError(Exception):
+    """Base of every error the queue raises on purpose."""
+
+    title = "Job queue error"
+
+    def __init__(self, description: str) -> None:
+        super().__init__(description)
+        self.description = description
+
+
+class NotFound(JobQueueError):
+    """The object does not exist in the caller's org (another org's looks exactly like this)."""
+
+    title = "Not found"
+
+
+class Conflict(JobQueueError):
+    """The object's current state forbids the request (terminal job, job still active)."""
+
+    title = "Conflict"
+
+
+class InvalidInput(JobQueueError):
+    """The request is well-formed but refers to something it may not (unknown parent)."""
+
+    title = "Invalid input"

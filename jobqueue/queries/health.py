@@ -1,0 +1,5 @@
+"""The readiness probe's statement."""
+
+__all__ = ["HEALTH_PING"]
+
+HEALTH_PING = "SELECT 1"

@@ -1,0 +1,202 @@
+"""Statements on sa_job. Worker-side writes carry their guard in the WHERE clause and the name."""
+
+__all__ = [
+    "JOB_CANCEL_IF_ACTIVE",
+    "JOB_CLAIM_MANY",
+    "JOB_COLUMNS",
+    "JOB_FAIL_IF_CLAIMED",
+    "JOB_GET",
+    "JOB_HEARTBEAT_MANY_IF_CLAIMED",
+    "JOB_LIST_FOR_PROMPT",
+    "JOB_RELEASE_MANY_IF_CLAIMED",
+    "JOB_REQUEUE_IF_CLAIMED",
+    "JOB_SUCCEED_IF_CLAIMED",
+]
+
+JOB_COLUMNS = """
+id, prompt_id, state, priority, attempt, max_attempts, execution_options, worker_claim,
+claimed_at, started_at, running_heartbeat_at, finished_at, response_id, error_kind,
+error_message, supersedes, org_id, created_by, scheduled_for, created_at, updated_at
+"""
+
+# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
+# (0001_core_schema.sql). SKIP LOCKED keeps concurrent claimers disjoint; LIMIT is the
+# caller's free slots, so a worker never holds a job it cannot start.
+JOB_CLAIM_MANY = """
+WITH picked AS (
+    SELECT id
+      FROM sa_job
+     WHERE state = 'queued'
+       AND priority <= %(ceiling)s
+       AND scheduled_for <= now()
+     ORDER BY priority, scheduled_for
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE sa_job j
+   SET state = 'running',
+       worker_claim = %(claim)s,
+       claimed_at = now(),
+       started_at = now(),
+       running_heartbeat_at = now()
+  FROM picked
+ WHERE j.id = picked.id
+RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
+          j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at
+"""
+
+# NOTE: every finishing statement below matches the claim (worker_claim and attempt), so a
+# worker whose job was cancelled, reclaimed or re-claimed in between writes nothing.
+_GUARD = """
+ WHERE id = %(job_id)s
+   AND state = 'running'
+   AND worker_claim = %(claim)s
+   AND attempt = %(attempt)s
+"""
+
+_LEDGER = """
+ledger AS (
+    INSERT INTO sa_ledger (org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
+                           http_status, outcome)
+    SELECT job.org_id, job.id, %(attempt)s, %(model)s, %(tokens_in)s, %(tokens_out)s,
+           %(latency_ms)s, %(http_status)s, %(outcome)s
+      FROM job
+)
+"""
+
+# served by sa_job_pkey (id). The job UPDATE comes first; the response entity, the
+# flows-to edge, the ledger and audit rows select FROM it, so they exist only if it matched.
+# response_id's foreign key is deferred to commit because the entity is written alongside.
+JOB_SUCCEED_IF_CLAIMED = (
+    """
+WITH job AS (
+    UPDATE sa_job
+       SET state = 'succeeded', response_id = %(response_id)s, finished_at = now(),
+           error_kind = NULL, error_message = NULL
+"""
+    + _GUARD
+    + """
+    RETURNING id, prompt_id, org_id, created_by
+), response AS (
+    INSERT INTO sa_entity (id, kind, org_id, created_by, parent_id, correlation_id,
+                           causation_id, content, source_refs, truth_class, state_class)
+    SELECT %(response_id)s, 'response', job.org_id, job.created_by, job.prompt_id,
+           prompt.correlation_id, job.prompt_id, %(content)s, %(source_refs)s,
+           'generated', 'settled'
+      FROM job JOIN sa_entity prompt ON prompt.id = job.prompt_id
+    RETURNING id, parent_id, org_id, created_by
+), edge AS (
+    INSERT INTO sa_edge (org_id, kind, from_id, to_id)
+    SELECT org_id, 'flows-to', parent_id, id FROM response
+), audit AS (
+    INSERT INTO sa_audit (org_id, actor_id, action, entity_id, job_id, detail)
+    SELECT response.org_id, response.created_by, 'response.created', response.id,
+           %(job_id)s, jsonb_build_object('prompt_id', response.parent_id,
+                                          'attempt', %(attempt)s)
+      FROM response
+), """
+    + _LEDGER
+    + "SELECT id FROM job"
+)
+
+# served by sa_job_pkey (id). `delay` is seconds from the decision, computed by policy.
+JOB_REQUEUE_IF_CLAIMED = (
+    """
+WITH job AS (
+    UPDATE sa_job
+       SET state = 'queued', attempt = attempt + 1, worker_claim = NULL,
+           running_heartbeat_at = NULL,
+           scheduled_for = now() + make_interval(secs => %(delay)s),
+           error_kind = %(error_kind)s, error_message = %(error_message)s
+"""
+    + _GUARD
+    + """
+    RETURNING id, org_id
+), """
+    + _LEDGER
+    + "SELECT id FROM job"
+)
+
+# served by sa_job_pkey (id)
+JOB_FAIL_IF_CLAIMED = (
+    """
+WITH job AS (
+    UPDATE sa_job
+       SET state = 'failed', finished_at = now(),
+           error_kind = %(error_kind)s, error_message = %(error_message)s
+"""
+    + _GUARD
+    + """
+    RETURNING id, org_id
+), """
+    + _LEDGER
+    + "SELECT id FROM job"
+)
+
+# served by sa_job_pkey (id). Only the jobs the worker is still running are refreshed, so
+# a job whose thread died loses its heartbeat and is reclaimed. Rows not returned are no
+# longer ours (cancelled or reclaimed): the worker abandons them.
+JOB_HEARTBEAT_MANY_IF_CLAIMED = """
+UPDATE sa_job
+   SET running_heartbeat_at = now()
+ WHERE id = ANY(%(job_ids)s) AND state = 'running' AND worker_claim = %(claim)s
+RETURNING id, attempt
+"""
+
+# served by sa_job_worker_claim_idx. Used at shutdown: a job the worker could not finish in
+# its grace period goes back to the queue without spending an attempt (not its fault).
+JOB_RELEASE_MANY_IF_CLAIMED = """
+UPDATE sa_job
+   SET state = 'queued', worker_claim = NULL, running_heartbeat_at = NULL,
+       scheduled_for = now()
+ WHERE state = 'running' AND worker_claim = %s
+RETURNING id
+"""
+
+# served by sa_job_pkey (id)
+JOB_GET = (
+    "SELECT "
+    + JOB_COLUMNS
+    + """
+  FROM sa_job
+ WHERE id = %(job_id)s AND org_id = %(org_id)s
+"""
+)
+
+# served by sa_job_prompt_idx (prompt_id, created_at)
+JOB_LIST_FOR_PROMPT = (
+    "SELECT "
+    + JOB_COLUMNS
+    + """
+  FROM sa_job
+ WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s
+ ORDER BY created_at DESC, id
+"""
+)
+
+# served by sa_job_pkey (id). Locks the row first so a concurrent claim either lands before
+# (and we cancel the running job) or after (and finds it cancelled). Answers the current row
+# with `changed` so the caller picks 200 or 409 without a second query.
+JOB_CANCEL_IF_ACTIVE = (
+    """
+WITH target AS (
+    SELECT id, state AS target_state FROM sa_job
+     WHERE id = %(job_id)s AND org_id = %(org_id)s
+       FOR UPDATE
+), cancelled AS (
+    UPDATE sa_job j
+       SET state = 'cancelled', finished_at = now(), error_message = %(reason)s
+      FROM target
+     WHERE j.id = target.id AND target.target_state IN ('queued', 'running')
+    RETURNING j.*
+)
+SELECT true AS changed, """
+    + JOB_COLUMNS
+    + """ FROM cancelled
+UNION ALL
+SELECT false AS changed, """
+    + JOB_COLUMNS
+    + """ FROM sa_job JOIN target USING (id)
+ WHERE NOT EXISTS (SELECT 1 FROM cancelled)
+"""
+)

@@ -1,0 +1,90 @@
+"""The Falcon app factory: routes, auth, JSON handling, and the one place errors map to HTTP."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import falcon
+import psycopg
+import structlog
+from psycopg_pool import ConnectionPool
+
+from jobqueue.db import DictConnection, open_pool
+from jobqueue.errors import Conflict, InvalidInput, JobQueueError, NotFound
+from jobqueue.logs import configure_logging
+from jobqueue.settings import Settings
+from service.auth import API_PREFIX, AuthMiddleware
+from service.resources.health import Health, Ready
+from service.resources.jobs import JobItem
+from service.resources.mission import MissionRecent
+from service.resources.prompts import PromptCollection, PromptItem
+from service.serialize import json_handler
+
+__all__ = ["create_app"]
+
+log = structlog.get_logger(__name__)
+
+_STATUS: dict[type[JobQueueError], str] = {
+    NotFound: falcon.HTTP_404,
+    Conflict: falcon.HTTP_409,
+    InvalidInput: falcon.HTTP_422,
+}
+
+
+def _domain_error(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    assert isinstance(ex, JobQueueError)
+    status = next((s for cls, s in _STATUS.items() if isinstance(ex, cls)), falcon.HTTP_400)
+    raise falcon.HTTPError(status, title=ex.title, description=ex.description)
+
+
+def _database_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
+                   params: Any) -> None:
+    log.warning("http.database_unavailable", path=req.path, error=type(ex).__name__)
+    raise falcon.HTTPServiceUnavailable(
+        title="Database unavailable",
+        description="The database cannot be reached; retry shortly.",
+        retry_after=2,
+    )
+
+
+def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
+    if isinstance(ex, falcon.HTTPError):
+        raise ex
+    log.exception("http.unhandled_error", path=req.path, method=req.method)
+    raise falcon.HTTPInternalServerError(
+        title="Internal error", description="The error was logged; please report it."
+    )
+
+
+def create_app(
+    settings: Settings | None = None, pool: ConnectionPool[DictConnection] | None = None
+) -> falcon.App:
+    """Builds the WSGI app; opens its own pool unless one is given (tests share theirs).
+
+    Args:
+        settings: configuration; read from the environment when None.
+        pool: an open pool to use instead of opening one.
+
+    Returns:
+        The Falcon app.
+    """
+    configure_logging()
+    settings = settings or Settings.from_env()
+    pool = pool or open_pool(settings.database_url, name="web", max_size=settings.pool_max_size)
+    app = falcon.App(middleware=[AuthMiddleware(pool)])
+    handler = json_handler()
+    app.req_options.media_handlers[falcon.MEDIA_JSON] = handler
+    app.resp_options.media_handlers[falcon.MEDIA_JSON] = handler
+    app.req_options.strip_url_path_trailing_slash = True
+
+    app.add_route("/healthz", Health())
+    app.add_route("/readyz", Ready(pool))
+    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings.max_prompt_chars))
+    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
+    app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
+    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool))
+
+    app.add_error_handler(Exception, _unexpected)
+    app.add_error_handler(psycopg.OperationalError, _database_down)
+    app.add_error_handler(JobQueueError, _domain_error)
+    return app

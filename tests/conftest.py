@@ -1,0 +1,198 @@
+"""Fixtures: one throwaway database per test run, the fake provider over real HTTP, workers in threads."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import falcon.testing
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import ConnectionPool
+
+from jobqueue.db import DictConnection, open_pool
+from jobqueue.embedded_db import start_embedded
+from jobqueue.executor import Executor
+from jobqueue.fake_provider import FakeConfig, FakeProvider
+from jobqueue.migrate import migrate
+from jobqueue.policy import BackoffConfig
+from jobqueue.provider import Provider
+from jobqueue.queries import admin
+from jobqueue.settings import Settings
+from jobqueue.tokens import Caller, create_token
+from jobqueue.worker import Worker, WorkerConfig
+from service.app import create_app
+
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+TABLES = "sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token"
+
+
+def _admin_conninfo() -> str:
+    """SA_TEST_DATABASE_URL, else the local Postgres when it answers, else an embedded one."""
+    explicit = os.environ.get("SA_TEST_DATABASE_URL")
+    if explicit:
+        return explicit
+    try:
+        psycopg.connect(LOCAL_POSTGRES, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        return start_embedded()
+    return LOCAL_POSTGRES
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Polls `predicate` until it returns something truthy; fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[str]:
+    admin_url = _admin_conninfo()
+    name = f"sa_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(admin.DATABASE_CREATE.format(sql.Identifier(name)))
+    url = make_conninfo(admin_url, dbname=name)
+    migrate(url)
+    yield url
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(admin.DATABASE_DROP.format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def fake() -> Iterator[FakeProvider]:
+    with FakeProvider(config=FakeConfig()) as provider:
+        yield provider
+
+
+@pytest.fixture(scope="session")
+def base_settings(database_url: str, fake: FakeProvider) -> Settings:
+    return Settings(
+        database_url=database_url,
+        direct_database_url=database_url,
+        provider_url=fake.url,
+        provider_api_key="test-key",
+        provider_model="fake-model",
+        provider_timeout=5.0,
+        heartbeat_interval=0.2,
+        stale_after=1.0,
+        stuck_after=5.0,
+        poll_interval=0.05,
+        reclaim_interval=0.2,
+        backoff_base=0.05,
+        backoff_cap=1.0,
+        rate_limit_min_wait=0.2,
+        shutdown_grace=2.0,
+    )
+
+
+@pytest.fixture
+def settings(base_settings: Settings) -> Settings:
+    return base_settings
+
+
+@pytest.fixture(scope="session")
+def pool(base_settings: Settings) -> Iterator[ConnectionPool[DictConnection]]:
+    pool = open_pool(base_settings.database_url, name="tests", max_size=20)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(autouse=True)
+def _clean_tables(request: pytest.FixtureRequest) -> None:
+    if "database_url" not in request.fixturenames:
+        return
+    url = request.getfixturevalue("database_url")
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def client(settings: Settings, pool: ConnectionPool[DictConnection]) -> falcon.testing.TestClient:
+    return falcon.testing.TestClient(create_app(settings, pool))
+
+
+@pytest.fixture
+def caller() -> Caller:
+    return Caller(org_id=1, user_id=10)
+
+
+@pytest.fixture
+def auth(pool: ConnectionPool[DictConnection], caller: Caller) -> dict[str, str]:
+    token = create_token(pool, caller.org_id, caller.user_id)
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def other_org_auth(pool: ConnectionPool[DictConnection]) -> dict[str, str]:
+    return {"Authorization": f"Bearer {create_token(pool, 2, 20)}"}
+
+
+class WorkerHarness:
+    """Builds workers against the fake provider and stops them all at teardown."""
+
+    def __init__(self, settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.provider = Provider(settings.provider_url, settings.provider_api_key,
+                                 settings.provider_timeout)
+        self._running: list[tuple[Worker, threading.Thread]] = []
+
+    def build(self, **config: Any) -> Worker:
+        base = WorkerConfig(
+            poll_interval=self.settings.poll_interval,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            shutdown_grace=self.settings.shutdown_grace,
+        )
+        backoff = BackoffConfig(base=self.settings.backoff_base, cap=self.settings.backoff_cap,
+                                rate_limit_min_wait=self.settings.rate_limit_min_wait)
+        executor = Executor(self.pool, self.provider, self.settings.provider_model, backoff)
+        return Worker(self.pool, executor, replace(base, **config))
+
+    def start(self, **config: Any) -> Worker:
+        worker = self.build(**config)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        self._running.append((worker, thread))
+        return worker
+
+    def stop_all(self) -> None:
+        for worker, _ in self._running:
+            worker.stop()
+        for _, thread in self._running:
+            thread.join(timeout=10)
+        self._running.clear()
+        self.provider.close()
+
+
+@pytest.fixture
+def workers(settings: Settings, pool: ConnectionPool[DictConnection]) -> Iterator[WorkerHarness]:
+    harness = WorkerHarness(settings, pool)
+    yield harness
+    harness.stop_all()
+
+
+def fetch_one(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> dict[str, Any]:
+    """Runs a test-side SELECT and returns its only row."""
+    with pool.connection() as conn:
+        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return row
+
+
+def fetch_all(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> list[dict[str, Any]]:
+    """Runs a test-side SELECT and returns all rows."""
+    with pool.connection() as conn:
+        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
