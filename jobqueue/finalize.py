@@ -13,7 +13,7 @@ from jobqueue.db import DictConnection
 from jobqueue.policy import ErrorKind
 from jobqueue.queries import job as q
 
-__all__ = ["CallRecord", "RESPONSE_NAMESPACE", "fail", "requeue", "response_id_for", "succeed"]
+__all__ = ["RESPONSE_NAMESPACE", "CallRecord", "fail", "requeue", "response_id_for", "succeed"]
 
 # NOTE: response ids derive from (prompt, job), so a duplicate finalize of the same job
 # collides on sa_entity's primary key instead of creating a second response.

@@ -42,7 +42,7 @@ def migrate(conninfo: str, directory: Path = MIGRATIONS_DIR) -> list[str]:
                 if path.stem in done:
                     continue
                 with conn.transaction():
-                    conn.execute(path.read_text())  # type: ignore[arg-type]
+                    conn.execute(path.read_text())
                     conn.execute(q.MIGRATION_RECORD, (path.stem,))
                 applied.append(path.stem)
                 log.info("migration.applied", name=path.stem)

@@ -58,7 +58,7 @@ def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, param
 
 def create_app(
     settings: Settings | None = None, pool: ConnectionPool[DictConnection] | None = None
-) -> falcon.App:
+) -> falcon.App[falcon.Request, falcon.Response]:
     """Builds the WSGI app; opens its own pool unless one is given (tests share theirs).
 
     Args:

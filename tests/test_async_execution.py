@@ -8,7 +8,7 @@ import falcon.testing
 from psycopg_pool import ConnectionPool
 
 from jobqueue.db import DictConnection
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
+from tests.conftest import WorkerHarness, fetch_all, fetch_one
 
 
 def submit(client: falcon.testing.TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
