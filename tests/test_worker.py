@@ -1,0 +1,146 @@
+"""Worker guarantees: conditional finalize, index-served claim, graceful SIGTERM, safe migrations."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import falcon.testing
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from jobqueue import finalize
+from jobqueue.claim import claim
+from jobqueue.db import DictConnection
+from jobqueue.enqueue import enqueue
+from jobqueue.migrate import migrate
+from jobqueue.queries import job as job_q
+from jobqueue.settings import Settings
+from jobqueue.tokens import Caller
+from tests.conftest import fetch_one, wait_for
+from tests.helpers import submit
+
+WRITES = """
+SELECT (SELECT count(*) FROM sa_entity WHERE kind = 'response') AS responses,
+       (SELECT count(*) FROM sa_edge) AS edges,
+       (SELECT count(*) FROM sa_ledger) AS ledger,
+       (SELECT count(*) FROM sa_audit) AS audit
+"""
+
+
+def test_a_stale_claim_writes_nothing_and_the_new_owner_wins(
+    pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    enqueue(pool, caller, "contested")
+    [stale] = claim(pool, "worker-a", 1, 100)
+    with pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET state = 'queued', worker_claim = NULL, attempt = 2 "
+                     "WHERE id = %s", (stale.id,))
+    [fresh] = claim(pool, "worker-b", 1, 100)
+    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+
+    assert finalize.succeed(pool, stale, "late answer", call) is False
+    assert fetch_one(pool, WRITES) == {"responses": 0, "edges": 0, "ledger": 0, "audit": 0}
+
+    assert finalize.succeed(pool, fresh, "real answer", call) is True
+    assert finalize.succeed(pool, fresh, "duplicate", call) is False
+    assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
+    assert fetch_one(pool, "SELECT content FROM sa_entity WHERE kind = 'response'")["content"] == (
+        "real answer")
+
+
+def test_two_workers_finalizing_the_same_job_leave_one_response(
+    pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    enqueue(pool, caller, "raced")
+    [job] = claim(pool, "worker-a", 1, 100)
+    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+    barrier = threading.Barrier(4)
+    results: list[bool] = []
+
+    def race() -> None:
+        barrier.wait()
+        results.append(finalize.succeed(pool, job, "answer", call))
+
+    threads = [threading.Thread(target=race) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, False, False, True]
+    assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
+
+
+def test_claim_is_served_by_the_partial_claim_index(pool: ConnectionPool[DictConnection]) -> None:
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        conn.execute("INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content) "
+                     "SELECT g, 'prompt', 1, 1, g, 'x' FROM (SELECT gen_random_uuid() AS g "
+                     "FROM generate_series(1, 5000)) s")
+        conn.execute("INSERT INTO sa_job (id, prompt_id, org_id, created_by, priority) "
+                     "SELECT gen_random_uuid(), id, 1, 1, (random() * 100)::int FROM sa_entity")
+        conn.execute("ANALYZE sa_job")
+        plan = conn.execute("EXPLAIN (FORMAT JSON) " + job_q.JOB_CLAIM_MANY,  # type: ignore[operator]
+                            {"claim": "w", "limit": 8, "ceiling": 100}).fetchone()
+    assert plan is not None
+    scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan["QUERY PLAN"][0]["Plan"])
+             if n.get("Relation Name") == "sa_job"]
+    assert ("Index Scan", "sa_job_claim_idx") in scans
+    assert all(node != "Seq Scan" for node, _ in scans)
+
+
+def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
+    return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
+
+
+def test_sigterm_finishes_in_flight_work_releases_the_rest_and_exits_zero(
+    client: falcon.testing.TestClient, auth: dict[str, str], settings: Settings,
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    quick = submit(client, auth, text="almost done [fake:latency=0.5]")
+    stuck = submit(client, auth, text="never answers [fake:hang]")
+    env = {**os.environ, "DATABASE_URL": settings.database_url,
+           "SA_PROVIDER_URL": settings.provider_url, "SA_SHUTDOWN_GRACE": "1.5",
+           "SA_POLL_INTERVAL": "0.05"}
+    worker = subprocess.Popen([sys.executable, "-m", "jobqueue.cli", "run-worker", "--concurrency", "2"],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE state = 'running'")[
+            "n"] == 2)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=15) == 0
+    finally:
+        worker.kill()
+    assert fetch_one(pool, "SELECT state FROM sa_job WHERE id = %s", quick["job_id"])["state"] == (
+        "succeeded")
+    released = fetch_one(pool, "SELECT state, attempt, worker_claim FROM sa_job WHERE id = %s",
+                         stuck["job_id"])
+    assert released == {"state": "queued", "attempt": 1, "worker_claim": None}
+    output = worker.stdout.read().decode() if worker.stdout else ""
+    assert '"event": "worker.released"' in output
+
+
+def test_migrate_is_idempotent_and_safe_when_run_concurrently(database_url: str) -> None:
+    scratch = f"sa_migrate_{uuid.uuid4().hex[:8]}"
+    admin = psycopg.conninfo.make_conninfo(database_url, dbname="postgres")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{scratch}"')  # type: ignore[arg-type]
+    url = psycopg.conninfo.make_conninfo(database_url, dbname=scratch)
+    try:
+        results: list[list[str]] = []
+        threads = [threading.Thread(target=lambda: results.append(migrate(url))) for _ in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        applied = sorted(p.stem for p in (Path(__file__).parent.parent / "sql" / "migrations").glob("*.sql"))
+        assert sorted(results, key=len) == [[], [], applied]
+        assert migrate(url) == []
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{scratch}" WITH (FORCE)')  # type: ignore[arg-type]
