@@ -1,0 +1,58 @@
+# sa-core developer entry points. Needs only python3 >= 3.11; uv is installed on first use if missing.
+#   make run    web + worker + fake provider (embedded Postgres unless DATABASE_URL is set)
+#   make test   ruff, mypy --strict, pytest (PYTEST_ARGS="-k retry -x" to narrow)
+#   make lint   ruff and mypy only
+#   make venv   create or update .venv from uv.lock
+#   make clean  remove .venv, the uv bootstrap and caches (keeps the embedded database in .sa-core/pgdata)
+
+PYTHON ?= python3
+PORT ?= 8000
+PYTEST_ARGS ?=
+VENV := .venv
+BOOTSTRAP := .sa-core/uv-bootstrap
+STAMP := $(VENV)/.sa-core-synced
+
+# NOTE: uv must use this machine's python3; it cannot download interpreters here (nor should it).
+export UV_PYTHON_DOWNLOADS := never
+
+.PHONY: run test lint venv clean
+
+venv: $(STAMP)
+
+# NOTE: re-syncs only when the lock or the project changes. uv is taken from PATH, else from
+# `python3 -m uv`, else installed into a bootstrap venv under .sa-core/ (no root needed), else with
+# `pip install --user` for Pythons built without the venv module.
+$(STAMP): pyproject.toml uv.lock
+	@set -e; \
+	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+		|| { echo "sa-core needs $(PYTHON) >= 3.11 (found $$($(PYTHON) -V 2>&1))" >&2; exit 1; }; \
+	if command -v uv >/dev/null 2>&1; then uv=uv; \
+	elif $(PYTHON) -m uv --version >/dev/null 2>&1; then uv="$(PYTHON) -m uv"; \
+	elif [ -x $(BOOTSTRAP)/bin/uv ]; then uv=$(BOOTSTRAP)/bin/uv; \
+	else \
+		echo "uv is not installed; installing it into $(BOOTSTRAP)"; \
+		if $(PYTHON) -m venv $(BOOTSTRAP) && $(BOOTSTRAP)/bin/python -m pip install --quiet uv; then \
+			uv=$(BOOTSTRAP)/bin/uv; \
+		else \
+			rm -rf $(BOOTSTRAP); \
+			echo "no venv module; installing uv with pip --user"; \
+			$(PYTHON) -m pip install --user --quiet uv; \
+			uv="$(PYTHON) -m uv"; \
+		fi; \
+	fi; \
+	$$uv sync --frozen --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
+	touch $@
+
+run: $(STAMP)
+	$(VENV)/bin/sa-core dev --port $(PORT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy jobqueue service
+
+test: lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(BOOTSTRAP) .mypy_cache .ruff_cache .pytest_cache
+	find jobqueue service tests bench ops -name __pycache__ -type d -prune -exec rm -rf {} +
