@@ -8,6 +8,8 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import structlog
@@ -87,6 +89,8 @@ class Worker:
         self._wake = threading.Event()
         self._idle = threading.Condition(self._lock)
         self._stopping = threading.Event()
+        self._next_due: float | None = None
+        self.claim_rounds = 0
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
@@ -95,6 +99,21 @@ class Worker:
 
     def wake(self) -> None:
         """Ends the current wait early, so the worker claims now."""
+        self._wake.set()
+
+    def on_job_event(self, event: dict[str, Any]) -> None:
+        """Reacts to a job-event notification: claim now, or remember when a delayed job is due."""
+        if event.get("to_state") != "queued":
+            return
+        delay = (datetime.fromisoformat(event["scheduled_for"]) - datetime.now(UTC)).total_seconds()
+        if delay <= 0:
+            self._wake.set()
+            return
+        due = time.monotonic() + delay
+        with self._lock:
+            if self._next_due is None or due < self._next_due:
+                self._next_due = due
+        # NOTE: the sleeping loop recomputes its deadline only when woken.
         self._wake.set()
 
     @property
@@ -129,8 +148,19 @@ class Worker:
                 full = False
             if full and not self._stopping.is_set():
                 continue
-            self._wake.wait(self.config.poll_interval)
+            self._wake.wait(self._sleep_for())
             self._wake.clear()
+
+    def _sleep_for(self) -> float:
+        """The poll interval, or less when a delayed job falls due sooner."""
+        with self._lock:
+            if self._next_due is None:
+                return self.config.poll_interval
+            remaining = self._next_due - time.monotonic()
+            if remaining <= 0:
+                self._next_due = None
+                return 0.0
+        return min(self.config.poll_interval, remaining)
 
     def _claim_round(self) -> bool:
         """Claims for the free slots; True when it filled them all (more may be waiting)."""
@@ -139,6 +169,7 @@ class Worker:
         if limit <= 0:
             return False
         jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling)
+        self.claim_rounds += 1
         for job in jobs:
             run = _Run(job)
             with self._lock:

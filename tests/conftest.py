@@ -21,6 +21,7 @@ from jobqueue.db import DictConnection, open_pool
 from jobqueue.embedded_db import start_embedded
 from jobqueue.executor import Executor
 from jobqueue.fake_provider import FakeConfig, FakeProvider
+from jobqueue.listener import NotificationListener
 from jobqueue.migrate import migrate
 from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Provider
@@ -149,6 +150,7 @@ class WorkerHarness:
         self.provider = Provider(settings.provider_url, settings.provider_api_key,
                                  settings.provider_timeout)
         self._running: list[tuple[Worker, threading.Thread]] = []
+        self._listeners: list[NotificationListener] = []
 
     def build(self, **config: Any) -> Worker:
         base = WorkerConfig(
@@ -161,14 +163,21 @@ class WorkerHarness:
         executor = Executor(self.pool, self.provider, self.settings.provider_model, backoff)
         return Worker(self.pool, executor, replace(base, **config))
 
-    def start(self, **config: Any) -> Worker:
+    def start(self, listen: bool = False, **config: Any) -> Worker:
         worker = self.build(**config)
+        if listen:
+            listener = NotificationListener(self.settings.direct_database_url, worker.on_job_event,
+                                            worker.wake).start()
+            assert listener.listening.wait(5)
+            self._listeners.append(listener)
         thread = threading.Thread(target=worker.run, daemon=True)
         thread.start()
         self._running.append((worker, thread))
         return worker
 
     def stop_all(self) -> None:
+        for listener in self._listeners:
+            listener.stop()
         for worker, _ in self._running:
             worker.stop()
         for _, thread in self._running:

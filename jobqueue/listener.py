@@ -1,0 +1,80 @@
+"""A LISTEN thread on one dedicated connection that hands each job-event notification to a callback."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import structlog
+
+from jobqueue.queries import job_event as q
+
+__all__ = ["CHANNEL", "NotificationListener"]
+
+CHANNEL = "sa_job_event"
+
+log = structlog.get_logger(__name__)
+
+
+class NotificationListener:
+    """Delivers `sa_job_event` notifications to `on_event`; reconnects with backoff when the link drops.
+
+    LISTEN needs a session of its own (never a pooled or PgBouncer transaction-mode connection),
+    hence the dedicated connection to `SA_DIRECT_DATABASE_URL`. After a reconnect `on_reconnect`
+    runs, since notifications sent while disconnected are lost and the consumer must re-read.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        on_event: Callable[[dict[str, Any]], None],
+        on_reconnect: Callable[[], None] | None = None,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self._conninfo = conninfo
+        self._on_event = on_event
+        self._on_reconnect = on_reconnect
+        self._max_backoff = max_backoff
+        self._stopping = threading.Event()
+        self.listening = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sa-listener", daemon=True)
+
+    def start(self) -> NotificationListener:
+        """Starts the thread; returns self."""
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stops listening; the thread notices within one second."""
+        self._stopping.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        backoff = 0.1
+        first = True
+        while not self._stopping.is_set():
+            try:
+                with psycopg.connect(self._conninfo, autocommit=True) as conn:
+                    conn.execute(q.JOB_EVENT_LISTEN)
+                    self.listening.set()
+                    backoff = 0.1
+                    if not first and self._on_reconnect is not None:
+                        self._on_reconnect()
+                    first = False
+                    self._consume(conn)
+            except psycopg.OperationalError as exc:
+                self.listening.clear()
+                log.warning("listener.disconnected", error=str(exc), retry_in=backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
+    def _consume(self, conn: psycopg.Connection[Any]) -> None:
+        while not self._stopping.is_set():
+            for notify in conn.notifies(timeout=1.0):
+                try:
+                    self._on_event(json.loads(notify.payload))
+                except Exception:
+                    log.exception("listener.callback_failed")
