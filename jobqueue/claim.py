@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -9,6 +10,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from jobqueue import metrics
 from jobqueue.db import DictConnection
 from jobqueue.queries import job as q
 
@@ -32,6 +34,7 @@ class ClaimedJob:
     scheduled_for: datetime
     claimed_at: datetime
     claim: str
+    claimed_monotonic: float
 
 
 def claim(
@@ -55,16 +58,21 @@ def claim(
             q.JOB_CLAIM_MANY,
             {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling},
         ).fetchall()
+    now = time.monotonic()
     jobs = [
         ClaimedJob(
             id=r["id"], prompt_id=r["prompt_id"], org_id=r["org_id"], created_by=r["created_by"],
             priority=r["priority"], attempt=r["attempt"], max_attempts=r["max_attempts"],
             options=r["execution_options"], supersedes=r["supersedes"],
             created_at=r["created_at"], scheduled_for=r["scheduled_for"],
-            claimed_at=r["claimed_at"], claim=worker_claim,
+            claimed_at=r["claimed_at"], claim=worker_claim, claimed_monotonic=now,
         )
         for r in rows
     ]
+    if jobs:
+        metrics.TRANSITIONS.labels(from_state="queued", to_state="running").inc(len(jobs))
+    for job in jobs:
+        metrics.WAIT_SECONDS.observe(max(0.0, (job.claimed_at - job.scheduled_for).total_seconds()))
     # NOTE: UPDATE ... RETURNING does not keep the CTE's order.
     jobs.sort(key=lambda j: (j.priority, j.scheduled_for))
     return jobs

@@ -10,6 +10,7 @@ from typing import Any
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from jobqueue import metrics
 from jobqueue.db import DictConnection
 from jobqueue.errors import InvalidInput
 from jobqueue.queries import entity as q
@@ -73,6 +74,8 @@ def enqueue(
         ).fetchone()
     if row is None:
         raise InvalidInput(f"parent_id {parent_id} does not name an existing entity")
+    metrics.ENQUEUED.inc()
+    metrics.TRANSITIONS.labels(from_state="none", to_state="queued").inc()
     return Enqueued(
         prompt_id=row["prompt_id"], job_id=row["id"], state=row["state"],
         created_at=row["created_at"],

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
+from jobqueue import metrics
 from jobqueue.claim import ClaimedJob
 from jobqueue.db import DictConnection
 from jobqueue.policy import ErrorKind
@@ -50,6 +52,20 @@ def _params(job: ClaimedJob, call: CallRecord, outcome: str) -> dict[str, object
     }
 
 
+def _finish(
+    pool: ConnectionPool[DictConnection], job: ClaimedJob, statement: str, params: dict[str, object],
+    to_state: str, kind: ErrorKind | None,
+) -> bool:
+    with pool.connection() as conn:
+        won = conn.execute(statement, params).fetchone() is not None
+    if won:
+        metrics.TRANSITIONS.labels(from_state="running", to_state=to_state).inc()
+        metrics.RUN_SECONDS.observe(time.monotonic() - job.claimed_monotonic)
+        if kind is not None:
+            metrics.FAILURES.labels(error_kind=kind.value).inc()
+    return won
+
+
 def succeed(
     pool: ConnectionPool[DictConnection], job: ClaimedJob, content: str, call: CallRecord
 ) -> bool:
@@ -60,8 +76,7 @@ def succeed(
     """
     params = _params(job, call, "succeeded")
     params.update(response_id=response_id_for(job), content=content, source_refs=Jsonb([]))
-    with pool.connection() as conn:
-        return conn.execute(q.JOB_SUCCEED_IF_CLAIMED, params).fetchone() is not None
+    return _finish(pool, job, q.JOB_SUCCEED_IF_CLAIMED, params, "succeeded", None)
 
 
 def requeue(
@@ -79,8 +94,7 @@ def requeue(
     """
     params = _params(job, call, kind.value)
     params.update(error_kind=kind.value, error_message=message, delay=delay)
-    with pool.connection() as conn:
-        return conn.execute(q.JOB_REQUEUE_IF_CLAIMED, params).fetchone() is not None
+    return _finish(pool, job, q.JOB_REQUEUE_IF_CLAIMED, params, "queued", kind)
 
 
 def fail(
@@ -97,5 +111,4 @@ def fail(
     """
     params = _params(job, call, kind.value)
     params.update(error_kind=kind.value, error_message=message)
-    with pool.connection() as conn:
-        return conn.execute(q.JOB_FAIL_IF_CLAIMED, params).fetchone() is not None
+    return _finish(pool, job, q.JOB_FAIL_IF_CLAIMED, params, "failed", kind)

@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from jobqueue import metrics
 from jobqueue.policy import ErrorKind, classify_status, parse_retry_after
 
 __all__ = ["Completion", "Provider", "ProviderFailure"]
@@ -67,7 +68,7 @@ class Provider:
         self._client.close()
 
     def complete(self, model: str, messages: list[dict[str, str]]) -> Completion:
-        """Runs one chat completion.
+        """Runs one chat completion and records its latency by outcome.
 
         Args:
             model: provider model name.
@@ -79,6 +80,17 @@ class Provider:
         Raises:
             ProviderFailure: any failure, with its error_kind.
         """
+        started = time.monotonic()
+        try:
+            completion = self._call(model, messages)
+        except ProviderFailure as failure:
+            metrics.PROVIDER_REQUEST_SECONDS.labels(outcome=failure.kind.value).observe(
+                time.monotonic() - started)
+            raise
+        metrics.PROVIDER_REQUEST_SECONDS.labels(outcome="ok").observe(time.monotonic() - started)
+        return completion
+
+    def _call(self, model: str, messages: list[dict[str, str]]) -> Completion:
         started = time.monotonic()
         try:
             response = self._client.post(

@@ -1,0 +1,42 @@
+"""Every Prometheus metric of DESIGN.md's contract, declared once; names and labels are fixed."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+__all__ = [
+    "ENQUEUED",
+    "FAILURES",
+    "HTTP_REQUEST_SECONDS",
+    "OLDEST_QUEUED_SECONDS",
+    "PROVIDER_REQUEST_SECONDS",
+    "QUEUE_DEPTH",
+    "RUN_SECONDS",
+    "TRANSITIONS",
+    "WAIT_SECONDS",
+]
+
+# NOTE: spans the fake provider's microseconds and a real model's minutes.
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 180,
+                    600)
+
+ENQUEUED = Counter("sa_jobs_enqueued_total", "Jobs created by a submit or a user retry.")
+TRANSITIONS = Counter("sa_job_transitions_total", "Job state transitions made by this process.",
+                      ["from_state", "to_state"])
+FAILURES = Counter("sa_job_failures_total", "Failed attempts (retried or terminal) by error kind.",
+                   ["error_kind"])
+WAIT_SECONDS = Histogram("sa_job_wait_seconds", "From job creation (or due time) to claim.",
+                         buckets=_LATENCY_BUCKETS)
+RUN_SECONDS = Histogram("sa_job_run_seconds", "From claim to finalize.", buckets=_LATENCY_BUCKETS)
+PROVIDER_REQUEST_SECONDS = Histogram("sa_provider_request_seconds", "Provider calls by outcome.",
+                                     ["outcome"], buckets=_LATENCY_BUCKETS)
+HTTP_REQUEST_SECONDS = Histogram("sa_http_request_seconds", "HTTP requests served.",
+                                 ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
+
+# NOTE: read from the database at scrape time by the web's /metrics, so they are not registered
+# globally: each scrape puts them into its own registry after setting them.
+QUEUE_DEPTH = Gauge("sa_job_queue_depth", "Jobs per state, read from the database at scrape time.",
+                    ["state"], registry=None)
+OLDEST_QUEUED_SECONDS = Gauge("sa_job_oldest_queued_seconds",
+                              "Age of the oldest claimable queued job, read at scrape time.",
+                              registry=None)
