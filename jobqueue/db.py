@@ -18,6 +18,7 @@ def open_pool(
     min_size: int = 1,
     max_size: int = 10,
     timeout: float = 10.0,
+    checkout_timeout: float = 30.0,
 ) -> ConnectionPool[DictConnection]:
     """Opens a pool whose connections return rows as dicts.
 
@@ -27,6 +28,8 @@ def open_pool(
         min_size: connections kept open.
         max_size: connections at most.
         timeout: seconds to wait for the first connection; startup fails fast past it.
+        checkout_timeout: seconds a caller waits for a connection before PoolTimeout; web
+            requests use a short one so an outage answers 503 quickly instead of hanging.
 
     Returns:
         An open pool; the caller closes it.
@@ -42,7 +45,9 @@ def open_pool(
         kwargs={"row_factory": dict_row, "autocommit": True},
         connection_class=Connection[DictRow],
         check=ConnectionPool.check_connection,
-        reconnect_timeout=60.0,
+        timeout=checkout_timeout,
+        # NOTE: keep retrying through a long outage; the default gives up after 5 minutes.
+        reconnect_timeout=3600.0,
         open=False,
     )
     pool.open(wait=True, timeout=timeout)

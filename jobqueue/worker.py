@@ -90,7 +90,9 @@ class Worker:
         self._idle = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._next_due: float | None = None
+        # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
+        self.claim_failures = 0
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
@@ -144,6 +146,7 @@ class Worker:
             try:
                 full = self._claim_round()
             except psycopg.OperationalError as exc:
+                self.claim_failures += 1
                 self.log.warning("worker.claim_failed", error=str(exc))
                 full = False
             if full and not self._stopping.is_set():

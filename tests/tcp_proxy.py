@@ -1,0 +1,80 @@
+"""A TCP proxy in front of Postgres that tests can cut and restore, to play a database outage."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class TcpProxy:
+    """Forwards 127.0.0.1:<port> to a target; `cut()` drops every connection and refuses new ones."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        # NOTE: a host that is a folder means a Unix socket (the embedded Postgres uses one).
+        self._target = (target_host, target_port)
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._sockets: set[socket.socket] = set()
+        self._open = threading.Event()
+        self._open.set()
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def cut(self) -> None:
+        """Refuses new connections and resets the open ones, as a crashed server would."""
+        self._open.clear()
+        with self._lock:
+            for sock in self._sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+            self._sockets.clear()
+
+    def restore(self) -> None:
+        """Accepts connections again."""
+        self._open.set()
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            if not self._open.is_set():
+                client.close()
+                continue
+            try:
+                upstream = self._connect_upstream()
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets.update((client, upstream))
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _connect_upstream(self) -> socket.socket:
+        host, port = self._target
+        if not host.startswith("/"):
+            return socket.create_connection(self._target)
+        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream.connect(f"{host}/.s.PGSQL.{port}")
+        return upstream
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (src, dst):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
