@@ -1,4 +1,4 @@
-"""The `sa-core` command line: migrate, run-worker, create-token, fake-provider, dev."""
+"""The `sa-core` command line: migrate, run-worker, reclaim, cancel and retry jobs, tokens, dev tools."""
 
 from __future__ import annotations
 
@@ -6,16 +6,23 @@ import argparse
 import json
 import signal
 import sys
+import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 
+from psycopg_pool import ConnectionPool
+
 from jobqueue import fake_provider
-from jobqueue.db import open_pool
+from jobqueue.control import cancel_job, retry_job
+from jobqueue.db import DictConnection, open_pool
+from jobqueue.errors import JobQueueError
 from jobqueue.executor import Executor
 from jobqueue.logs import configure_logging
+from jobqueue.maintenance import MaintenanceLeader
 from jobqueue.migrate import migrate
 from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Provider
+from jobqueue.reclaim import Reclaimer
 from jobqueue.settings import Settings, SettingsError
 from jobqueue.tokens import create_token
 from jobqueue.worker import Worker, WorkerConfig
@@ -73,6 +80,9 @@ def _run_worker(args: argparse.Namespace) -> int:
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
     worker, close = build_worker(settings, config)
+    # NOTE: only long-running workers compete for the maintenance role; a --once run is too
+    # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
+    leader = None if args.once else MaintenanceLeader.from_settings(settings).start()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         worker.stop()
@@ -82,8 +92,49 @@ def _run_worker(args: argparse.Namespace) -> int:
     try:
         worker.run(once=args.once)
     finally:
+        if leader is not None:
+            leader.stop()
         close()
     return 0
+
+
+def _with_cli_pool(action: Callable[[ConnectionPool[DictConnection]], str]) -> int:
+    """Runs one operator action; prints its result, or its error on stderr with exit code 1."""
+    pool = open_pool(Settings.from_env().database_url, name="cli", max_size=1)
+    try:
+        print(action(pool))
+    except JobQueueError as exc:
+        print(f"sa-core: {exc.description}", file=sys.stderr)
+        return 1
+    finally:
+        pool.close()
+    return 0
+
+
+def _reclaim_stuck_jobs(args: argparse.Namespace) -> int:
+    config = Reclaimer.Config.from_settings(Settings.from_env())
+
+    def reclaim(pool: ConnectionPool[DictConnection]) -> str:
+        counts = Reclaimer(pool, config).run_once()
+        return f"requeued {counts.requeued} job(s), failed {counts.failed} as stuck"
+
+    return _with_cli_pool(reclaim)
+
+
+def _cancel_job(args: argparse.Namespace) -> int:
+    def cancel(pool: ConnectionPool[DictConnection]) -> str:
+        job = cancel_job(pool, args.job_id, None)
+        return f"job {job['id']} cancelled (prompt {job['prompt_id']}, org {job['org_id']})"
+
+    return _with_cli_pool(cancel)
+
+
+def _retry_job(args: argparse.Namespace) -> int:
+    def retry(pool: ConnectionPool[DictConnection]) -> str:
+        new = retry_job(pool, args.job_id, None)
+        return f"job {new.job_id} {new.state}, superseding job {new.supersedes}"
+
+    return _with_cli_pool(retry)
 
 
 def _fake_provider(args: argparse.Namespace) -> int:
@@ -127,6 +178,19 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=_positive, default=4,
                         help="jobs run at once (threads)")
     worker.set_defaults(func=_run_worker)
+
+    sub.add_parser(
+        "reclaim-stuck-jobs", help="requeue jobs whose worker stopped heartbeating (or fail them as stuck)"
+    ).set_defaults(func=_reclaim_stuck_jobs)
+    control_codes = "exit code 1 when the job is unknown or its state forbids it (message on stderr)"
+    cancel = sub.add_parser("cancel-job", help="cancel a queued or running job (any org)",
+                            epilog=control_codes)
+    cancel.add_argument("job_id", type=uuid.UUID, metavar="ID")
+    cancel.set_defaults(func=_cancel_job)
+    retry = sub.add_parser("retry-job", help="queue a new job superseding a finished one (any org)",
+                           epilog=control_codes)
+    retry.add_argument("job_id", type=uuid.UUID, metavar="ID")
+    retry.set_defaults(func=_retry_job)
 
     token = sub.add_parser("create-token", help="create an API token (printed once)")
     token.add_argument("--org", type=int, required=True)

@@ -14,6 +14,7 @@ from jobqueue.errors import Conflict, InvalidInput, JobQueueError, NotFound
 from jobqueue.logs import configure_logging
 from jobqueue.settings import Settings
 from service.auth import API_PREFIX, AuthMiddleware
+from service.resources.control import JobCancel, PromptRetry
 from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
 from service.resources.mission import MissionRecent
@@ -70,7 +71,8 @@ def create_app(
     """
     configure_logging()
     settings = settings or Settings.from_env()
-    pool = pool or open_pool(settings.database_url, name="web", max_size=settings.pool_max_size)
+    pool = pool or open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
+                             checkout_timeout=5.0)
     app = falcon.App(middleware=[AuthMiddleware(pool)])
     handler = json_handler()
     app.req_options.media_handlers[falcon.MEDIA_JSON] = handler
@@ -82,6 +84,8 @@ def create_app(
     app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings.max_prompt_chars))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
+    app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
+    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry", PromptRetry(pool))
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool))
 
     app.add_error_handler(Exception, _unexpected)

@@ -6,10 +6,13 @@ __all__ = [
     "JOB_COLUMNS",
     "JOB_FAIL_IF_CLAIMED",
     "JOB_GET",
+    "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_FOR_PROMPT",
     "JOB_RELEASE_MANY_IF_CLAIMED",
     "JOB_REQUEUE_IF_CLAIMED",
+    "JOB_RETRY_IF_FINISHED",
+    "JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED",
     "JOB_SUCCEED_IF_CLAIMED",
 ]
 
@@ -175,19 +178,22 @@ JOB_LIST_FOR_PROMPT = (
 )
 
 # served by sa_job_pkey (id). Locks the row first so a concurrent claim either lands before
-# (and we cancel the running job) or after (and finds it cancelled). Answers the current row
-# with `changed` so the caller picks 200 or 409 without a second query.
+# (and we cancel the running job) or after (and finds it cancelled). Answers the columns of the
+# row it locked, with `changed`, so the caller picks 200 or 409 without a second query and an
+# unchanged job shows its latest state. `org_id` NULL is the operator's cancel (any org); API
+# callers always pass theirs.
 JOB_CANCEL_IF_ACTIVE = (
-    """
-WITH target AS (
-    SELECT id, state AS target_state FROM sa_job
-     WHERE id = %(job_id)s AND org_id = %(org_id)s
+    "WITH target AS (SELECT "
+    + JOB_COLUMNS
+    + """
+      FROM sa_job
+     WHERE id = %(job_id)s AND (%(org_id)s::bigint IS NULL OR org_id = %(org_id)s)
        FOR UPDATE
 ), cancelled AS (
     UPDATE sa_job j
        SET state = 'cancelled', finished_at = now(), error_message = %(reason)s
       FROM target
-     WHERE j.id = target.id AND target.target_state IN ('queued', 'running')
+     WHERE j.id = target.id AND target.state IN ('queued', 'running')
     RETURNING j.*
 )
 SELECT true AS changed, """
@@ -196,7 +202,66 @@ SELECT true AS changed, """
 UNION ALL
 SELECT false AS changed, """
     + JOB_COLUMNS
-    + """ FROM sa_job JOIN target USING (id)
+    + """ FROM target
  WHERE NOT EXISTS (SELECT 1 FROM cancelled)
 """
 )
+
+# NOTE: the shared body of the user retry. `old` is the locked job being retried (one row at
+# most). Only a finished job that was never superseded moves to 'superseded', and the new
+# queued job is inserted only alongside it, so both happen or neither. The answer always has
+# the old job's state (or no row when it does not exist), so the caller picks 202, 404 or 409
+# without a second query. Concurrent retries of one job queue up on the row lock; the loser
+# finds it superseded. sa_job_supersedes_unique stops any other writer racing past that.
+_RETRY_OLD_COLUMNS = "id, prompt_id, state, priority, max_attempts, execution_options, org_id, created_by"
+_RETRY_TAIL = """
+), superseded AS (
+    UPDATE sa_job j
+       SET state = 'superseded'
+      FROM old
+     WHERE j.id = old.id AND old.state IN ('succeeded', 'failed', 'cancelled')
+    RETURNING j.id
+), fresh AS (
+    INSERT INTO sa_job (id, prompt_id, priority, max_attempts, execution_options, org_id,
+                        created_by, supersedes)
+    SELECT %(new_job_id)s, old.prompt_id, old.priority, old.max_attempts,
+           old.execution_options, old.org_id, old.created_by, old.id
+      FROM old JOIN superseded USING (id)
+    RETURNING id, state, supersedes, created_at
+)
+SELECT old.id AS old_id, old.prompt_id, old.state AS old_state,
+       fresh.id AS job_id, fresh.state, fresh.supersedes, fresh.created_at,
+       (SELECT s.id FROM sa_job s WHERE s.supersedes = old.id) AS superseded_by
+  FROM old LEFT JOIN fresh ON true
+"""
+
+# served by sa_job_pkey (id); superseded_by by sa_job_supersedes_unique (supersedes).
+# `org_id` NULL is the operator's retry (any org).
+JOB_RETRY_IF_FINISHED = (
+    "WITH old AS (SELECT "
+    + _RETRY_OLD_COLUMNS
+    + """
+      FROM sa_job
+     WHERE id = %(job_id)s AND (%(org_id)s::bigint IS NULL OR org_id = %(org_id)s)
+       FOR UPDATE
+"""
+    + _RETRY_TAIL
+)
+
+# served by sa_job_prompt_idx (prompt_id, created_at). Retries the prompt's latest job, in
+# JOB_LIST_FOR_PROMPT's order (newest first).
+JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED = (
+    "WITH old AS (SELECT "
+    + _RETRY_OLD_COLUMNS
+    + """
+      FROM sa_job
+     WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s
+     ORDER BY created_at DESC, id
+     LIMIT 1
+       FOR UPDATE
+"""
+    + _RETRY_TAIL
+)
+
+# served by sa_job_supersedes_unique (supersedes)
+JOB_GET_SUPERSEDER = "SELECT id FROM sa_job WHERE supersedes = %(job_id)s"
