@@ -38,10 +38,10 @@ WITH p AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)
     SELECT g, 'prompt', 1 + (n %% 3), 1, g, t
       FROM (SELECT gen_random_uuid() AS g, n, t FROM unnest(%s::text[]) WITH ORDINALITY AS u(t, n)) s
-    RETURNING id
+    RETURNING id, org_id
 )
 INSERT INTO sa_job (id, prompt_id, org_id, created_by, priority)
-SELECT gen_random_uuid(), p.id, e.org_id, 1, (random() * 100)::int FROM p JOIN sa_entity e USING (id)
+SELECT gen_random_uuid(), id, org_id, 1, (random() * 100)::int FROM p
 """
 
 PENDING = "SELECT count(*) AS n FROM sa_job WHERE state IN ('queued', 'running')"
@@ -122,6 +122,8 @@ def run_chaos(database_url: str, provider_url: str, *, jobs: int, workers: int, 
         texts.append(template.format(n=n))
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         conn.execute(BACKLOG, (texts,))
+        if conn.execute(PENDING).fetchone() != {"n": jobs}:
+            raise RuntimeError("the backlog was not written")
         env = worker_env(database_url, provider_url)
         command = [sys.executable, "-m", "jobqueue.cli", "run-worker", "--concurrency", "8"]
         procs = [spawn(command, env) for _ in range(workers)]
