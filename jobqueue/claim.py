@@ -38,7 +38,11 @@ class ClaimedJob:
 
 
 def claim(
-    pool: ConnectionPool[DictConnection], worker_claim: str, limit: int, priority_ceiling: int
+    pool: ConnectionPool[DictConnection],
+    worker_claim: str,
+    limit: int,
+    priority_ceiling: int,
+    org_max_running: int = 0,
 ) -> list[ClaimedJob]:
     """Claims up to `limit` claimable jobs, most urgent (lowest priority number) then oldest first.
 
@@ -47,17 +51,23 @@ def claim(
         worker_claim: this worker's id, written to `worker_claim`.
         limit: free slots; never claim more than can start now.
         priority_ceiling: only jobs with priority <= this.
+        org_max_running: when > 0, no org gets more running jobs than this (exact across
+            workers: capped claims serialize on an advisory lock).
 
     Returns:
         The claimed jobs in claim order.
     """
     if limit <= 0:
         return []
+    params = {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling,
+              "org_cap": org_max_running}
     with pool.connection() as conn:
-        rows = conn.execute(
-            q.JOB_CLAIM_MANY,
-            {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling},
-        ).fetchall()
+        if org_max_running > 0:
+            with conn.transaction():
+                conn.execute(q.JOB_CLAIM_LOCK_ORG_CAPPED)
+                rows = conn.execute(q.JOB_CLAIM_MANY_ORG_CAPPED, params).fetchall()
+        else:
+            rows = conn.execute(q.JOB_CLAIM_MANY, params).fetchall()
     now = time.monotonic()
     jobs = [
         ClaimedJob(

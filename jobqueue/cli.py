@@ -76,7 +76,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     config = WorkerConfig(
         concurrency=args.concurrency, batch_size=args.batch_size,
-        priority_ceiling=args.priority_ceiling, poll_interval=settings.poll_interval,
+        priority_ceiling=args.priority_ceiling, org_max_running=settings.org_max_running,
+        poll_interval=settings.poll_interval,
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
     worker, close = build_worker(settings, config)

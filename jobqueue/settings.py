@@ -61,6 +61,7 @@ class Settings:
     listen: bool = True
     max_prompt_chars: int = 100_000
     pool_max_size: int = 10
+    org_max_running: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -92,4 +93,5 @@ class Settings:
             listen=env.get("SA_LISTEN", "1") != "0",
             max_prompt_chars=_int(env, "SA_MAX_PROMPT_CHARS", 100_000),
             pool_max_size=_int(env, "SA_POOL_MAX_SIZE", 10),
+            org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
         )

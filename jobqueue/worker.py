@@ -37,6 +37,7 @@ class WorkerConfig:
     concurrency: int = 4
     batch_size: int | None = None
     priority_ceiling: int = 100
+    org_max_running: int = 0
     poll_interval: float = 2.0
     heartbeat_interval: float = 30.0
     shutdown_grace: float = 30.0
@@ -50,6 +51,8 @@ class WorkerConfig:
             raise ValueError("priority_ceiling must be within 0..100")
         if self.poll_interval <= 0 or self.heartbeat_interval <= 0:
             raise ValueError("poll_interval and heartbeat_interval must be positive")
+        if self.org_max_running < 0:
+            raise ValueError("org_max_running must not be negative (0 means no cap)")
         if self.shutdown_grace < 0:
             raise ValueError("shutdown_grace must not be negative")
 
@@ -171,7 +174,8 @@ class Worker:
         limit = min(free, self.config.claim_limit)
         if limit <= 0:
             return False
-        jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling)
+        jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
+                     self.config.org_max_running)
         self.claim_rounds += 1
         for job in jobs:
             run = _Run(job)

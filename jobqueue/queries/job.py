@@ -2,7 +2,9 @@
 
 __all__ = [
     "JOB_CANCEL_IF_ACTIVE",
+    "JOB_CLAIM_LOCK_ORG_CAPPED",
     "JOB_CLAIM_MANY",
+    "JOB_CLAIM_MANY_ORG_CAPPED",
     "JOB_COLUMNS",
     "JOB_FAIL_IF_CLAIMED",
     "JOB_GET",
@@ -22,20 +24,8 @@ claimed_at, started_at, running_heartbeat_at, finished_at, response_id, error_ki
 error_message, supersedes, org_id, created_by, scheduled_for, created_at, updated_at
 """
 
-# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
-# (0001_core_schema.sql). SKIP LOCKED keeps concurrent claimers disjoint; LIMIT is the
-# caller's free slots, so a worker never holds a job it cannot start.
-JOB_CLAIM_MANY = """
-WITH picked AS (
-    SELECT id
-      FROM sa_job
-     WHERE state = 'queued'
-       AND priority <= %(ceiling)s
-       AND scheduled_for <= now()
-     ORDER BY priority, scheduled_for
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
+# NOTE: shared by both claim statements: what a claim writes and hands back.
+_CLAIM_SET = """
 UPDATE sa_job j
    SET state = 'running',
        worker_claim = %(claim)s,
@@ -47,6 +37,58 @@ UPDATE sa_job j
 RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
           j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at
 """
+
+# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
+# (0001_core_schema.sql). SKIP LOCKED keeps concurrent claimers disjoint; LIMIT is the
+# caller's free slots, so a worker never holds a job it cannot start.
+JOB_CLAIM_MANY = (
+    """
+WITH picked AS (
+    SELECT id
+      FROM sa_job
+     WHERE state = 'queued'
+       AND priority <= %(ceiling)s
+       AND scheduled_for <= now()
+     ORDER BY priority, scheduled_for
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+"""
+    + _CLAIM_SET
+)
+
+
+# NOTE: taken (in the claim's transaction, before the claim statement takes its snapshot) only
+# when a per-org running cap is set, so capped claims see each other's results and the cap holds
+# exactly. Uncapped claims never take it.
+JOB_CLAIM_LOCK_ORG_CAPPED = "SELECT pg_advisory_xact_lock(hashtext('sa-core claim org-capped'))"
+
+# served by sa_job_claim_idx for the queued rows and sa_job_worker_claim_idx (worker_claim)
+# WHERE state = 'running' for the running counts. Ranks each org's claimable jobs so one
+# claim never takes more than an org's remaining room (`org_cap` minus its running jobs).
+# PERF: reads every claimable row to rank it; only used when SA_ORG_MAX_RUNNING is set.
+JOB_CLAIM_MANY_ORG_CAPPED = (
+    """
+WITH running AS (
+    SELECT org_id, count(*) AS n FROM sa_job WHERE state = 'running' GROUP BY org_id
+), ranked AS (
+    SELECT q.id, q.priority, q.scheduled_for, coalesce(r.n, 0) AS running,
+           row_number() OVER (PARTITION BY q.org_id ORDER BY q.priority, q.scheduled_for) AS rank
+      FROM sa_job q LEFT JOIN running r USING (org_id)
+     WHERE q.state = 'queued'
+       AND q.priority <= %(ceiling)s
+       AND q.scheduled_for <= now()
+), picked AS (
+    SELECT id FROM sa_job
+     WHERE id IN (SELECT id FROM ranked WHERE running + rank <= %(org_cap)s)
+       AND state = 'queued'
+     ORDER BY priority, scheduled_for
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+"""
+    + _CLAIM_SET
+)
 
 # NOTE: every finishing statement below matches the claim (worker_claim and attempt), so a
 # worker whose job was cancelled, reclaimed or re-claimed in between writes nothing.
