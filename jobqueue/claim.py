@@ -14,7 +14,10 @@ from jobqueue import metrics
 from jobqueue.db import DictConnection
 from jobqueue.queries import job as q
 
-__all__ = ["ClaimedJob", "claim"]
+__all__ = ["DEFAULT_DEPTH", "ClaimedJob", "claim"]
+
+# NOTE: DESIGN.md's default for the `depth` option: ancestors sent along with a prompt.
+DEFAULT_DEPTH = 10
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class ClaimedJob:
     claimed_at: datetime
     claim: str
     claimed_monotonic: float
+    context: list[dict[str, str]]
 
 
 def claim(
@@ -60,7 +64,7 @@ def claim(
     if limit <= 0:
         return []
     params = {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling,
-              "org_cap": org_max_running}
+              "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH}
     with pool.connection() as conn:
         if org_max_running > 0:
             with conn.transaction():
@@ -76,6 +80,7 @@ def claim(
             options=r["execution_options"], supersedes=r["supersedes"],
             created_at=r["created_at"], scheduled_for=r["scheduled_for"],
             claimed_at=r["claimed_at"], claim=worker_claim, claimed_monotonic=now,
+            context=r["context"],
         )
         for r in rows
     ]
@@ -83,6 +88,4 @@ def claim(
         metrics.TRANSITIONS.labels(from_state="queued", to_state="running").inc(len(jobs))
     for job in jobs:
         metrics.WAIT_SECONDS.observe(max(0.0, (job.claimed_at - job.scheduled_for).total_seconds()))
-    # NOTE: UPDATE ... RETURNING does not keep the CTE's order.
-    jobs.sort(key=lambda j: (j.priority, j.scheduled_for))
     return jobs

@@ -17,9 +17,12 @@ from jobqueue.control import cancel_job, retry_job
 from jobqueue.db import DictConnection, open_pool
 from jobqueue.errors import JobQueueError
 from jobqueue.executor import Executor
+from jobqueue.exposition import start_worker_metrics_server
+from jobqueue.listener import NotificationListener
 from jobqueue.logs import configure_logging
 from jobqueue.maintenance import MaintenanceLeader
 from jobqueue.migrate import migrate
+from jobqueue.operator_commands import add_operator_commands
 from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Provider
 from jobqueue.reclaim import Reclaimer
@@ -80,10 +83,23 @@ def _run_worker(args: argparse.Namespace) -> int:
         poll_interval=settings.poll_interval,
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
+    if settings.metrics_port and not args.once:
+        # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
+        # --once run is gone before a scrape could reach it.
+        try:
+            start_worker_metrics_server(settings.metrics_port)
+        except OSError as exc:
+            raise UsageError(f"SA_METRICS_PORT={settings.metrics_port}: {exc.strerror}") from None
     worker, close = build_worker(settings, config)
     # NOTE: only long-running workers compete for the maintenance role; a --once run is too
     # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
     leader = None if args.once else MaintenanceLeader.from_settings(settings).start()
+    # NOTE: wake-up on LISTEN/NOTIFY (the poll stays as the fallback); SA_LISTEN=0 (PgBouncer in
+    # transaction mode) leaves only the poll. A --once run claims once and needs no wake-up.
+    listener = None
+    if settings.listen and not args.once:
+        listener = NotificationListener(settings.direct_database_url, worker.on_job_event,
+                                        worker.wake).start()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         worker.stop()
@@ -93,6 +109,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     try:
         worker.run(once=args.once)
     finally:
+        if listener is not None:
+            listener.stop()
         if leader is not None:
             leader.stop()
         close()
@@ -192,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
                            epilog=control_codes)
     retry.add_argument("job_id", type=uuid.UUID, metavar="ID")
     retry.set_defaults(func=_retry_job)
+    add_operator_commands(sub)
 
     token = sub.add_parser("create-token", help="create an API token (printed once)")
     token.add_argument("--org", type=int, required=True)

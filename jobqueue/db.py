@@ -44,7 +44,6 @@ def open_pool(
         max_size=max_size,
         kwargs={"row_factory": dict_row, "autocommit": True},
         connection_class=Connection[DictRow],
-        check=ConnectionPool.check_connection,
         timeout=checkout_timeout,
         # NOTE: keep retrying through a long outage; the default gives up after 5 minutes.
         reconnect_timeout=3600.0,

@@ -19,11 +19,8 @@ from jobqueue.claim import ClaimedJob
 from jobqueue.db import DictConnection
 from jobqueue.policy import BackoffConfig, ErrorKind, RetryAction, decide
 from jobqueue.provider import Provider, ProviderFailure
-from jobqueue.queries import entity as entity_q
 
-__all__ = ["DEFAULT_DEPTH", "Executor", "Outcome"]
-
-DEFAULT_DEPTH = 10
+__all__ = ["Executor", "Outcome"]
 
 # NOTE: a finalize that meets a database restart is retried briefly; past this the job stays
 # running without heartbeats and the reclaimer returns it to the queue.
@@ -54,17 +51,12 @@ class Executor:
     backoff: BackoffConfig
     rng: random.Random = field(default_factory=random.Random)
 
-    def build_messages(self, job: ClaimedJob) -> list[dict[str, str]]:
+    @staticmethod
+    def build_messages(job: ClaimedJob) -> list[dict[str, str]]:
         """Returns the chat messages: ancestors (up to `depth`) oldest first, then the prompt."""
-        depth = int(job.options.get("depth", DEFAULT_DEPTH))
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                entity_q.ENTITY_ANCESTRY,
-                {"prompt_id": job.prompt_id, "org_id": job.org_id, "depth": depth},
-            ).fetchall()
         return [
-            {"role": "user" if r["kind"] == "prompt" else "assistant", "content": r["content"]}
-            for r in rows
+            {"role": "user" if entry["kind"] == "prompt" else "assistant", "content": entry["content"]}
+            for entry in job.context
         ]
 
     def run_claimed(self, job: ClaimedJob, abandoned: threading.Event | None = None) -> Outcome:

@@ -39,6 +39,14 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -
     return value
 
 
+def _port(env: Mapping[str, str], name: str) -> int:
+    """A TCP port, or 0 (the default) for none."""
+    value = _int(env, name, 0, minimum=0)
+    if value > 65535:
+        raise SettingsError(f"{name} must be a TCP port (1..65535) or 0 for none, got {value}")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob of DESIGN.md's interface contract, in seconds where it is a duration."""
@@ -62,6 +70,7 @@ class Settings:
     max_prompt_chars: int = 100_000
     pool_max_size: int = 10
     org_max_running: int = 0
+    metrics_port: int = 0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -94,4 +103,5 @@ class Settings:
             max_prompt_chars=_int(env, "SA_MAX_PROMPT_CHARS", 100_000),
             pool_max_size=_int(env, "SA_POOL_MAX_SIZE", 10),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
+            metrics_port=_port(env, "SA_METRICS_PORT"),
         )

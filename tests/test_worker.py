@@ -86,7 +86,7 @@ def test_claim_is_served_by_the_partial_claim_index(pool: ConnectionPool[DictCon
                      "SELECT gen_random_uuid(), id, 1, 1, (random() * 100)::int FROM sa_entity")
         conn.execute("ANALYZE sa_job")
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + job_q.JOB_CLAIM_MANY,  # type: ignore[operator]
-                            {"claim": "w", "limit": 8, "ceiling": 100}).fetchone()
+                            {"claim": "w", "limit": 8, "ceiling": 100, "default_depth": 10}).fetchone()
     assert plan is not None
     scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan["QUERY PLAN"][0]["Plan"])
              if n.get("Relation Name") == "sa_job"]

@@ -1,6 +1,6 @@
 """Statements on sa_entity (prompts and responses) and the enqueue that writes a prompt with its job."""
 
-__all__ = ["ENTITY_ANCESTRY", "ENTITY_GET", "PROMPT_INSERT_WITH_JOB"]
+__all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB"]
 
 # NOTE: one statement, so enqueue costs one round trip and is atomic in autocommit mode.
 # The parent must exist in the caller's org (sa_entity primary key); when it does not, no
@@ -33,19 +33,4 @@ SELECT id, kind, parent_id, correlation_id, causation_id, content, source_refs,
        truth_class, state_class, created_by, created_at, updated_at
   FROM sa_entity
  WHERE id = %(id)s AND org_id = %(org_id)s
-"""
-
-# served by sa_entity_pkey (id), one probe per ancestor; `depth` bounds the walk.
-ENTITY_ANCESTRY = """
-WITH RECURSIVE chain AS (
-    SELECT id, kind, parent_id, content, 0 AS depth
-      FROM sa_entity
-     WHERE id = %(prompt_id)s AND org_id = %(org_id)s
-    UNION ALL
-    SELECT e.id, e.kind, e.parent_id, e.content, chain.depth + 1
-      FROM sa_entity e
-      JOIN chain ON e.id = chain.parent_id
-     WHERE chain.depth < %(depth)s AND e.org_id = %(org_id)s
-)
-SELECT kind, content FROM chain ORDER BY depth DESC
 """

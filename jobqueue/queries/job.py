@@ -24,18 +24,40 @@ claimed_at, started_at, running_heartbeat_at, finished_at, response_id, error_ki
 error_message, supersedes, org_id, created_by, scheduled_for, created_at, updated_at
 """
 
-# NOTE: shared by both claim statements: what a claim writes and hands back.
+# NOTE: shared by both claim statements: what a claim writes and hands back. Each job comes
+# with its context (the prompt and up to `depth` ancestors, oldest first, by sa_entity_pkey
+# probes) so running it needs no further read: PERF, one round trip fewer per job.
 _CLAIM_SET = """
-UPDATE sa_job j
-   SET state = 'running',
-       worker_claim = %(claim)s,
-       claimed_at = now(),
-       started_at = now(),
-       running_heartbeat_at = now()
-  FROM picked
- WHERE j.id = picked.id
-RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
-          j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at
+, claimed AS (
+    UPDATE sa_job j
+       SET state = 'running',
+           worker_claim = %(claim)s,
+           claimed_at = now(),
+           started_at = now(),
+           running_heartbeat_at = now()
+      FROM picked
+     WHERE j.id = picked.id
+    RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
+              j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at
+)
+SELECT claimed.*, (
+    WITH RECURSIVE chain AS (
+        SELECT id, kind, parent_id, content, 0 AS depth
+          FROM sa_entity
+         WHERE id = claimed.prompt_id AND org_id = claimed.org_id
+        UNION ALL
+        SELECT e.id, e.kind, e.parent_id, e.content, chain.depth + 1
+          FROM sa_entity e
+          JOIN chain ON e.id = chain.parent_id
+         WHERE e.org_id = claimed.org_id
+           AND chain.depth < coalesce((claimed.execution_options ->> 'depth')::int,
+                                      %(default_depth)s)
+    )
+    SELECT jsonb_agg(jsonb_build_object('kind', kind, 'content', content) ORDER BY depth DESC)
+      FROM chain
+) AS context
+  FROM claimed
+ ORDER BY claimed.priority, claimed.scheduled_for
 """
 
 # served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'

@@ -1,0 +1,19 @@
+"""The scrape-time read behind the web's /metrics: queue depth by active state, oldest claimable job."""
+
+__all__ = ["JOB_QUEUE_DEPTH"]
+
+# served by the partial indexes of 0001_core_schema.sql only: sa_job_claim_idx (priority,
+# scheduled_for) WHERE state = 'queued' for both queued figures, and sa_job_worker_claim_idx or
+# sa_job_heartbeat_idx (WHERE state = 'running') for the running count. Finished jobs are in
+# none of them, so a scrape costs in proportion to the backlog, never to the history.
+# NOTE: three scalar subqueries, not one GROUP BY state: each equality on `state` matches one
+# partial index's predicate, where `state IN (...)` would push the planner towards the table.
+# The oldest job counts from its due time (scheduled_for), so a job deliberately scheduled for
+# later, or waiting out a retry backoff, is not "waiting for a worker" yet.
+JOB_QUEUE_DEPTH = """
+SELECT (SELECT count(*) FROM sa_job WHERE state = 'queued') AS queued,
+       (SELECT count(*) FROM sa_job WHERE state = 'running') AS running,
+       (SELECT coalesce(extract(epoch FROM now() - min(scheduled_for)), 0)::float8
+          FROM sa_job
+         WHERE state = 'queued' AND scheduled_for <= now()) AS oldest_queued_seconds
+"""
