@@ -8,51 +8,22 @@ import statistics
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
-import psycopg
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 
-from jobqueue.embedded_db import start_embedded
-from jobqueue.migrate import migrate
-from jobqueue.queries import admin
+from jobqueue import embedded_db
 
 __all__ = ["REPO", "VENV_BIN", "percentile", "scratch_database", "spawn", "wait_http"]
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-def _admin() -> str:
-    explicit = os.environ.get("SA_BENCH_DATABASE_URL")
-    if explicit:
-        return explicit
-    try:
-        psycopg.connect(LOCAL_POSTGRES, connect_timeout=2).close()
-    except psycopg.OperationalError:
-        return start_embedded()
-    return LOCAL_POSTGRES
-
-
-@contextlib.contextmanager
-def scratch_database() -> Iterator[str]:
-    """Creates and migrates a throwaway database, dropped afterwards."""
-    admin_url = _admin()
-    name = f"sa_bench_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(admin.DATABASE_CREATE.format(sql.Identifier(name)))
-    url = make_conninfo(admin_url, dbname=name)
-    try:
-        migrate(url)
-        yield url
-    finally:
-        with psycopg.connect(admin_url, autocommit=True) as conn:
-            conn.execute(admin.DATABASE_DROP.format(sql.Identifier(name)))
+def scratch_database(*, migrated: bool = True) -> contextlib.AbstractContextManager[str]:
+    """A throwaway database on SA_BENCH_DATABASE_URL's server (else local, else embedded)."""
+    return embedded_db.scratch_database("sa_bench", "SA_BENCH_DATABASE_URL", migrated=migrated)
 
 
 def spawn(args: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -10,9 +14,10 @@ from psycopg.conninfo import make_conninfo
 
 from jobqueue.queries import admin as q
 
-__all__ = ["REPO_ROOT", "database_url", "start_embedded"]
+__all__ = ["REPO_ROOT", "admin_conninfo", "database_url", "scratch_database", "start_embedded"]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
 def start_embedded(data_dir: Path | None = None) -> str:
@@ -44,3 +49,43 @@ def database_url(admin_conninfo: str, name: str) -> str:
         if exists is None:
             conn.execute(q.DATABASE_CREATE.format(sql.Identifier(name)))
     return make_conninfo(admin_conninfo, dbname=name)
+
+
+def admin_conninfo(env_var: str) -> str:
+    """Returns `$env_var` when set, else the local Postgres when it answers, else an embedded one."""
+    explicit = os.environ.get(env_var)
+    if explicit:
+        return explicit
+    try:
+        psycopg.connect(LOCAL_POSTGRES, connect_timeout=2).close()
+    except psycopg.OperationalError:
+        return start_embedded()
+    return LOCAL_POSTGRES
+
+
+@contextlib.contextmanager
+def scratch_database(prefix: str, env_var: str, *, migrated: bool = True) -> Iterator[str]:
+    """Creates a throwaway database (migrated unless `migrated` is False) and drops it afterwards.
+
+    Args:
+        prefix: start of the database name, e.g. "sa_test".
+        env_var: environment variable naming the admin server to use (see `admin_conninfo`).
+        migrated: apply sa-core's migrations.
+
+    Yields:
+        The new database's conninfo.
+    """
+    from jobqueue.migrate import migrate
+
+    admin_url = admin_conninfo(env_var)
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(q.DATABASE_CREATE.format(sql.Identifier(name)))
+    try:
+        url = make_conninfo(admin_url, dbname=name)
+        if migrated:
+            migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            conn.execute(q.DATABASE_DROP.format(sql.Identifier(name)))

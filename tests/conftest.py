@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -13,38 +11,22 @@ from typing import Any
 import falcon.testing
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from jobqueue.db import DictConnection, open_pool
-from jobqueue.embedded_db import start_embedded
+from jobqueue.embedded_db import scratch_database
 from jobqueue.executor import Executor
 from jobqueue.fake_provider import FakeConfig, FakeProvider
 from jobqueue.listener import NotificationListener
-from jobqueue.migrate import migrate
 from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Provider
-from jobqueue.queries import admin
 from jobqueue.settings import Settings
 from jobqueue.tokens import Caller, create_token
 from jobqueue.worker import Worker, WorkerConfig
 from service.app import create_app
 
-LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
-TABLES = "sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token"
-
-
-def _admin_conninfo() -> str:
-    """SA_TEST_DATABASE_URL, else the local Postgres when it answers, else an embedded one."""
-    explicit = os.environ.get("SA_TEST_DATABASE_URL")
-    if explicit:
-        return explicit
-    try:
-        psycopg.connect(LOCAL_POSTGRES, connect_timeout=2).close()
-    except psycopg.OperationalError:
-        return start_embedded()
-    return LOCAL_POSTGRES
+TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
+          "sa_job_archive, sa_job_event_archive, sa_ledger_archive")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -61,15 +43,8 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
-    admin_url = _admin_conninfo()
-    name = f"sa_test_{os.getpid()}_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(admin.DATABASE_CREATE.format(sql.Identifier(name)))
-    url = make_conninfo(admin_url, dbname=name)
-    migrate(url)
-    yield url
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(admin.DATABASE_DROP.format(sql.Identifier(name)))
+    with scratch_database("sa_test", "SA_TEST_DATABASE_URL") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

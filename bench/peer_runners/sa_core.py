@@ -1,0 +1,290 @@
+"""sa-core's own runner for bench/peers.py: the same burn-down and pick-up on the real queue.
+
+Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL (burndown N | pickup K)
+       [--concurrency C] [--variant full|noop]
+
+The database must already carry sa-core's migrations. Every job is a real prompt entity plus
+a queued job written by `jobqueue.enqueue.enqueue`, one call (one commit) each.
+
+- full: real `sa-core run-worker --concurrency C` against `sa-core fake-provider` answering at
+  once; each job makes an HTTP call and its finalize writes the response entity, the flows-to
+  edge, the ledger and audit rows and the events. The worker is the shipped command, so
+  pick-up uses whatever wake-up it ships with. Task start is not observable from outside the
+  worker, so it is taken as the job's `running` event (`sa_job_event.at`, clock_timestamp()
+  inside the claim statement): a little earlier than the task's real start.
+- noop: the same Worker, Executor and finalize in this process, with a provider stub that
+  answers at once without HTTP (still a full finalize: response, edge, ledger, events), and a
+  NotificationListener wired to `Worker.on_job_event` the way tests/conftest.py wires it.
+  Task start is the stub's call, as the libraries' runners take it. Both variants also
+  report `claim_ms` (enqueue commit -> `running` event).
+
+The end of a burn-down is the receipt of the last `succeeded` notification (sent at commit).
+Prints one `PEER_RESULT {json}` line like the other runners.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from importlib.metadata import version
+from typing import Any
+
+import psycopg
+
+from bench.common import VENV_BIN, spawn, wait_http
+from bench.peer_runners._runner import WARMUP_JOBS, build_parser, emit
+from jobqueue.db import open_pool
+from jobqueue.enqueue import enqueue
+from jobqueue.executor import Executor
+from jobqueue.listener import NotificationListener
+from jobqueue.logs import configure_logging
+from jobqueue.policy import BackoffConfig
+from jobqueue.provider import Completion, Provider
+from jobqueue.tokens import Caller
+from jobqueue.worker import Worker, WorkerConfig
+
+CALLER = Caller(org_id=1, user_id=1)
+EVENT_TIMEOUT = 60.0
+RUNNING_AT = """
+SELECT extract(epoch FROM at)::float8 AS at
+  FROM sa_job_event WHERE job_id = %s AND to_state = 'running' ORDER BY id LIMIT 1
+"""
+FIRST_RUNNING_AT = """
+SELECT extract(epoch FROM min(at))::float8 AS at FROM sa_job_event WHERE to_state = 'running'
+"""
+COUNTS = "SELECT state, count(*) AS n FROM sa_job GROUP BY state"
+
+
+class StubProvider(Provider):
+    """Answers every call at once, without HTTP; records when each prompt's call started."""
+
+    def __init__(self) -> None:
+        self.first_call: float | None = None
+        self.calls: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        pass
+
+    def complete(self, model: str, messages: list[dict[str, str]]) -> Completion:
+        now = time.time()
+        with self._lock:
+            if self.first_call is None:
+                self.first_call = now
+            self.calls[messages[-1]["content"]] = now
+        return Completion(content="ok", model=model, tokens_in=None, tokens_out=None,
+                          http_status=200, latency_ms=0, request_id=None)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Events:
+    """A LISTEN connection on sa_job_event, read in this thread."""
+
+    def __init__(self, url: str) -> None:
+        self.conn = psycopg.connect(url, autocommit=True)
+        self.conn.execute("LISTEN sa_job_event")
+        self.pending: list[dict[str, Any]] = []
+
+    def wait(self, match: Callable[[dict[str, Any]], bool], alive: Callable[[], None]) -> float:
+        """Blocks until an event matches; returns when it was received (time.time())."""
+        deadline = time.monotonic() + EVENT_TIMEOUT
+        while time.monotonic() < deadline:
+            for notify in self.conn.notifies(timeout=0.5):
+                received = time.time()
+                if match(json.loads(notify.payload)):
+                    return received
+            alive()
+        raise TimeoutError("no matching sa_job_event notification in time")
+
+    def count(self, to_state: str, n: int, alive: Callable[[], None], timeout: float) -> float:
+        """Blocks until `n` events to `to_state` arrived; returns when the last one did."""
+        seen = 0
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for notify in self.conn.notifies(timeout=0.5):
+                if json.loads(notify.payload)["to_state"] == to_state:
+                    seen += 1
+                    if seen >= n:
+                        return time.time()
+            alive()
+        raise TimeoutError(f"only {seen} of {n} jobs reached {to_state} in time")
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class Runner:
+    """One variant's worker and provider, started and stopped around a measurement."""
+
+    def __init__(self, url: str, variant: str, concurrency: int) -> None:
+        self.url = url
+        self.variant = variant
+        self.concurrency = concurrency
+        self.stub = StubProvider()
+        self.procs: list[Any] = []
+        self.stops: list[Callable[[], None]] = []
+
+    @contextmanager
+    def worker(self) -> Iterator[None]:
+        try:
+            if self.variant == "full":
+                self._start_processes()
+            else:
+                self._start_in_process()
+            yield
+        finally:
+            for stop in reversed(self.stops):
+                stop()
+            self.stops.clear()
+
+    def alive(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{proc.args[:2]} exited with {proc.returncode}")
+
+    def _start_processes(self) -> None:
+        port = _free_port()
+        provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(port)], {})
+        self.procs.append(provider)
+        self.stops.append(lambda: _end(provider))
+        wait_http(f"http://127.0.0.1:{port}/healthz")
+        env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": f"http://127.0.0.1:{port}"}
+        worker = spawn([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
+                        str(self.concurrency)], env)
+        self.procs.append(worker)
+        self.stops.append(lambda: _end(worker))
+
+    def _start_in_process(self) -> None:
+        pool = open_pool(self.url, name="worker", max_size=self.concurrency + 3)
+        self.stops.append(pool.close)
+        executor = Executor(pool, self.stub, "noop", BackoffConfig())
+        worker = Worker(pool, executor, WorkerConfig(concurrency=self.concurrency))
+        listener = NotificationListener(self.url, worker.on_job_event, worker.wake).start()
+        self.stops.append(listener.stop)
+        if not listener.listening.wait(10):
+            raise RuntimeError("listener did not start")
+        thread = threading.Thread(target=worker.run, name="bench-worker", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            worker.stop()
+            thread.join(timeout=30)
+
+        self.stops.append(stop)
+
+
+def _end(proc: Any) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except Exception:
+        proc.kill()
+
+
+def _counts(url: str) -> dict[str, int]:
+    with psycopg.connect(url) as conn:
+        return {state: n for state, n in conn.execute(COUNTS).fetchall()}
+
+
+def burndown(url: str, runner: Runner, jobs: int, timeout: float) -> dict[str, Any]:
+    pool = open_pool(url, name="bench-enqueue", max_size=1)
+    try:
+        started = time.perf_counter()
+        for seq in range(jobs):
+            enqueue(pool, CALLER, f"bench {seq}")
+        enqueue_s = time.perf_counter() - started
+    finally:
+        pool.close()
+    events = Events(url)
+    try:
+        with runner.worker():
+            finished = events.count("succeeded", jobs, runner.alive, timeout)
+    finally:
+        events.close()
+    if runner.variant == "full":
+        with psycopg.connect(url) as conn:
+            row = conn.execute(FIRST_RUNNING_AT).fetchone()
+        assert row is not None
+        first = float(row[0])
+    else:
+        assert runner.stub.first_call is not None
+        first = runner.stub.first_call
+    counts = _counts(url)
+    if counts.get("succeeded", 0) != jobs:
+        raise RuntimeError(f"not every job succeeded: {counts}")
+    burndown_s = finished - first
+    return {"jobs": jobs, "enqueue_s": enqueue_s, "enqueue_per_s": jobs / enqueue_s,
+            "burndown_s": burndown_s, "jobs_per_s": jobs / burndown_s}
+
+
+def _succeeded(job_id: str) -> Callable[[dict[str, Any]], bool]:
+    def match(event: dict[str, Any]) -> bool:
+        return bool(event["job_id"] == job_id and event["to_state"] == "succeeded")
+
+    return match
+
+
+def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, Any]:
+    pool = open_pool(url, name="bench-enqueue", max_size=1)
+    events = Events(url)
+    latencies: list[float] = []
+    claims: list[float] = []
+    deadline = time.monotonic() + budget
+    try:
+        with runner.worker():
+            for seq in range(-WARMUP_JOBS, pickups):
+                if seq >= 0 and time.monotonic() > deadline:
+                    break
+                text = f"pickup {seq} {uuid.uuid4().hex[:6]}"
+                job_id = str(enqueue(pool, CALLER, text).job_id)
+                committed = time.time()
+                events.wait(_succeeded(job_id), runner.alive)
+                with pool.connection() as conn:
+                    row = conn.execute(RUNNING_AT, (job_id,)).fetchone()
+                assert row is not None
+                claimed = float(row["at"])
+                started = claimed if runner.variant == "full" else runner.stub.calls[text]
+                if seq >= 0:
+                    latencies.append((started - committed) * 1000)
+                    claims.append((claimed - committed) * 1000)
+                time.sleep(random.uniform(0.02, 0.06))
+    finally:
+        events.close()
+        pool.close()
+    return {"pickups": pickups, "pickup_ms": latencies, "claim_ms": claims}
+
+
+def main() -> None:
+    parser = build_parser()
+    parser.add_argument("--variant", choices=["full", "noop"], default="full")
+    args = parser.parse_args()
+    configure_logging()
+    # NOTE: the in-process worker logs JSON lines like `sa-core run-worker` does; they go where
+    # the real worker's go in the full variant (nowhere), and the result line to the real stdout.
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+    runner = Runner(args.database_url, args.variant, args.concurrency)
+    if args.mode == "burndown":
+        result = burndown(args.database_url, runner, args.count, args.timeout)
+    else:
+        result = pickup(args.database_url, runner, args.count, args.budget)
+    emit({"ok": True, "library": "sa-core" if args.variant == "full" else "sa-core/no-op",
+          "version": version("sa-core"), "python": sys.version.split()[0], "mode": args.mode,
+          "concurrency": args.concurrency, "variant": args.variant, **result})
+
+
+if __name__ == "__main__":
+    main()
