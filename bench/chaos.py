@@ -46,6 +46,9 @@ SELECT gen_random_uuid(), id, org_id, 1, (random() * 100)::int FROM p
 
 PENDING = "SELECT count(*) AS n FROM sa_job WHERE state IN ('queued', 'running')"
 
+# NOTE: worker ids read host:pid:random, so the pids of workers holding running jobs show here.
+BUSY_PIDS = "SELECT DISTINCT split_part(worker_claim, ':', 2) AS pid FROM sa_job WHERE state = 'running'"
+
 CHECKS = """
 SELECT
   (SELECT count(*) FROM sa_job) AS jobs,
@@ -135,8 +138,11 @@ def run_chaos(database_url: str, provider_url: str, *, jobs: int, workers: int, 
                 if row is not None and row["n"] == 0 and done >= kills:
                     break
                 time.sleep(rng.uniform(0.2, 0.8))
-                if done < kills:
-                    victim = rng.randrange(len(procs))
+                # NOTE: only a worker holding running jobs is a victim, so every kill strands work.
+                busy = {r["pid"] for r in conn.execute(BUSY_PIDS).fetchall()}
+                victims = [i for i, proc in enumerate(procs) if str(proc.pid) in busy]
+                if done < kills and victims:
+                    victim = rng.choice(victims)
                     procs[victim].send_signal(signal.SIGKILL)
                     procs[victim].wait()
                     procs[victim] = spawn(command, env)
