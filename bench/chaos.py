@@ -116,13 +116,17 @@ def worker_env(database_url: str, provider_url: str) -> dict[str, str]:
 
 
 def run_chaos(database_url: str, provider_url: str, *, jobs: int, workers: int, kills: int,
-              seed: int, timeout: float) -> ChaosReport:
-    """Enqueues `jobs`, runs `workers` worker processes, SIGKILLs and restarts them `kills` times."""
+              seed: int, timeout: float, latency: float = 0.0) -> ChaosReport:
+    """Enqueues `jobs`, runs `workers` worker processes, SIGKILLs and restarts them `kills` times.
+
+    `latency` (seconds) is added to every provider call, so a small run lasts long enough for
+    all its kills to land on busy workers.
+    """
     rng = random.Random(seed)
     texts = []
     for n in range(jobs):
         template = rng.choices([t for t, _ in MIX], weights=[w for _, w in MIX])[0]
-        texts.append(template.format(n=n))
+        texts.append(template.format(n=n) + (f" [fake:latency={latency}]" if latency else ""))
     with psycopg.connect(database_url, autocommit=True, row_factory=dict_row) as conn:
         conn.execute(BACKLOG, (texts,))
         if conn.execute(PENDING).fetchone() != {"n": jobs}:

@@ -1,7 +1,7 @@
 """Archive: move finished jobs, their events and ledger rows out of the hot tables, in short batches.
 
 A prompt's jobs move together, and only once every one of them is finished and unchanged since
-the cutoff (see `ARCHIVE_PICK_MANY`); queued and running jobs are never touched. Each batch is
+the cutoff (see `JOB_ARCHIVE_PICK_MANY`); queued and running jobs are never touched. Each batch is
 one short transaction (pick and lock with SKIP LOCKED, then ledger, events, jobs), so no lock is
 held for longer than one batch and a row that is busy elsewhere is simply passed over. Prompts,
 responses, edges and audit rows stay: they are durable knowledge.
@@ -118,7 +118,7 @@ class Archiver:
                 with conn.transaction(force_rollback=dry_run):
                     conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
                     picked = conn.execute(
-                        q.ARCHIVE_PICK_MANY,
+                        q.JOB_ARCHIVE_PICK_MANY,
                         {"before": before, "limit": cfg.batch_size, **cursor},
                     ).fetchone()
                     assert picked is not None
@@ -145,7 +145,7 @@ class Archiver:
             return ArchiveCounts(batches=1)
         params = {"job_ids": job_ids}
         if dry_run:
-            related = conn.execute(q.ARCHIVE_COUNT_RELATED, params).fetchone()
+            related = conn.execute(q.JOB_ARCHIVE_COUNT_RELATED, params).fetchone()
             assert related is not None
             return ArchiveCounts(jobs=len(job_ids), events=related["events"],
                                  ledger=related["ledger"], prompts=prompts, batches=1)

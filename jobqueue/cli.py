@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import uuid
@@ -27,7 +26,7 @@ from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Provider
 from jobqueue.reclaim import Reclaimer
 from jobqueue.settings import Settings, SettingsError
-from jobqueue.tokens import create_token
+from jobqueue.token_commands import add_token_commands
 from jobqueue.worker import Worker, WorkerConfig
 
 __all__ = ["main"]
@@ -40,20 +39,6 @@ class UsageError(Exception):
 def _migrate(args: argparse.Namespace) -> int:
     applied = migrate(Settings.from_env().database_url)
     print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
-    return 0
-
-
-def _create_token(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    pool = open_pool(settings.database_url, name="cli", max_size=1)
-    try:
-        token = create_token(pool, args.org, args.user, label=args.label)
-    finally:
-        pool.close()
-    if args.json:
-        print(json.dumps({"token": token, "org_id": args.org, "user_id": args.user}))
-    else:
-        print(f"token for org {args.org}, user {args.user} (shown once): {token}")
     return 0
 
 
@@ -212,12 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     retry.set_defaults(func=_retry_job)
     add_operator_commands(sub)
 
-    token = sub.add_parser("create-token", help="create an API token (printed once)")
-    token.add_argument("--org", type=int, required=True)
-    token.add_argument("--user", type=int, required=True)
-    token.add_argument("--label", default=None)
-    token.add_argument("--json", action="store_true")
-    token.set_defaults(func=_create_token)
+    add_token_commands(sub)
 
     fake = sub.add_parser("fake-provider", help="run the OpenAI-compatible fake provider")
     fake_provider.add_arguments(fake)

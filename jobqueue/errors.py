@@ -1,6 +1,6 @@
 """Domain errors, mapped to HTTP in one place (service.app) and to exit codes in the CLI."""
 
-__all__ = ["Conflict", "InvalidInput", "JobQueueError", "NotFound"]
+__all__ = ["Conflict", "IdempotencyKeyReused", "InvalidInput", "JobQueueError", "NotFound", "QueueFull"]
 
 
 class JobQueueError(Exception):
@@ -29,3 +29,19 @@ class InvalidInput(JobQueueError):
     """The request is well-formed but refers to something it may not (unknown parent)."""
 
     title = "Invalid input"
+
+
+class IdempotencyKeyReused(InvalidInput):
+    """An Idempotency-Key was sent again, within its lifetime, with a different request."""
+
+    title = "Idempotency-Key reused"
+
+
+class QueueFull(JobQueueError):
+    """The caller's org already has as many queued jobs as its cap allows; retry later."""
+
+    title = "Too many queued jobs"
+
+    def __init__(self, description: str, retry_after: int) -> None:
+        super().__init__(description)
+        self.retry_after = retry_after

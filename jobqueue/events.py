@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+import weakref
 from collections import defaultdict, deque
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ __all__ = [
     "JobEvent",
     "Subscription",
     "SubscriptionClosed",
+    "close_all_streams",
     "replay_events",
 ]
 
@@ -36,6 +38,18 @@ Key = tuple[int, int]
 # NOTE: how soon the hub looks again while an event is held back behind a gap (doubling up to
 # the poll interval): gaps close when a short transaction commits, usually within milliseconds.
 _RETRY_FIRST = 0.002
+
+_STARTED: weakref.WeakSet[EventHub] = weakref.WeakSet()
+
+
+def close_all_streams() -> None:
+    """Ends every SSE stream of this process soon, e.g. when the web worker is told to stop.
+
+    Safe to call from a signal handler: it only sets flags; each hub's reader closes the
+    subscriptions (their clients reconnect, elsewhere, with Last-Event-ID).
+    """
+    for hub in list(_STARTED):
+        hub.drain()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,7 +197,10 @@ class EventHub:
     aborted one. The hub's cursor `after` is thus always a point below which nothing new can
     appear, which is what makes Last-Event-ID replay up to it exact (see `subscribe`).
     Ordinary traffic never waits for a barrier (ids arrive contiguously); only a gap does,
-    for as long as the transactions then in flight take to end.
+    for as long as the transactions then in flight take to end. This relies on the bigserial
+    sequence's defaults (INCREMENT 1, CACHE 1): ids are handed out one at a time, in order.
+    Comparing a per-row xid with pg_snapshot_xmin() would not do: xids and event ids are taken
+    in different orders, and a running xid above the newest completed one does not lower xmin.
     """
 
     def __init__(
@@ -205,8 +222,11 @@ class EventHub:
         self._ready = threading.Event()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._draining = threading.Event()
         self._thread: threading.Thread | None = None
         self._listener: NotificationListener | None = None
+        # NOTE: reads completed; tests wait on it (like Worker.claim_rounds).
+        self.rounds = 0
 
     @classmethod
     def from_settings(cls, pool: ConnectionPool[DictConnection], settings: Settings) -> EventHub:
@@ -241,6 +261,7 @@ class EventHub:
                     self._listener.listening.wait(self.config.start_timeout)
                 self._thread = threading.Thread(target=self._run, name="sa-sse-hub", daemon=True)
                 self._thread.start()
+                _STARTED.add(self)
         if not self._ready.wait(self.config.start_timeout):
             raise psycopg.OperationalError("the SSE event hub cannot read sa_job_event yet")
 
@@ -252,11 +273,19 @@ class EventHub:
             self._thread.join(timeout)
         if self._listener is not None:
             self._listener.stop(timeout)
+        self._close_all("shutdown")
+
+    def drain(self) -> None:
+        """Closes every subscription, now and from now on; signal-handler safe (sets flags only)."""
+        self._draining.set()
+        self._wake.set()
+
+    def _close_all(self, reason: str) -> None:
         with self._lock:
             subs = [sub for group in self._subs.values() for sub in group]
             self._subs.clear()
         for sub in subs:
-            sub.close("shutdown")
+            sub.close(reason)
 
     def wake(self) -> None:
         """Asks the reader to look now (a notification arrived, or the listener reconnected)."""
@@ -274,7 +303,10 @@ class EventHub:
             if self._after is None:
                 raise RuntimeError("the event hub is not started")
             sub = Subscription(org_id, user_id, self._after, self.config.client_buffer)
-            self._subs[sub.key].add(sub)
+            if self._draining.is_set():
+                sub.close("shutdown")
+            else:
+                self._subs[sub.key].add(sub)
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
@@ -301,11 +333,13 @@ class EventHub:
             if full or self._after is None:
                 self._take_barrier(conn)
             if self._after is None:
+                self.rounds += 1
                 return True
             held = self._read_and_deliver(conn)
             if held and not full:
                 self._take_barrier(conn)
                 held = self._read_and_deliver(conn)
+        self.rounds += 1
         return held
 
     def _take_barrier(self, conn: DictConnection) -> None:
@@ -387,6 +421,8 @@ class EventHub:
         retry = _RETRY_FIRST
         last_full = float("-inf")
         while not self._stopping.is_set():
+            if self._draining.is_set():
+                self._close_all("shutdown")
             woken = self._wake.is_set()
             self._wake.clear()
             now = time.monotonic()

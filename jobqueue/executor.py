@@ -70,16 +70,22 @@ class Executor:
             The outcome.
         """
         bound = log.bind(job_id=str(job.id), prompt_id=str(job.prompt_id),
-                         attempt=job.attempt, worker_claim=job.claim, org_id=job.org_id)
+                         attempt=job.attempt, worker_id=job.claim, org_id=job.org_id)
         model = str(job.options.get("model") or self.default_model)
         messages = self.build_messages(job)
         try:
             completion = self.provider.complete(model, messages)
         except ProviderFailure as failure:
+            # NOTE: one event per provider call; never the prompt or the reply, only their figures.
+            bound.warning("provider.request", outcome=failure.kind.value, model=model,
+                          http_status=failure.http_status, latency_ms=failure.latency_ms)
             if abandoned is not None and abandoned.is_set():
                 bound.info("job.abandoned", error_kind=failure.kind.value)
                 return Outcome.ABANDONED
             return self._handle_failure(job, failure, model, bound)
+        bound.info("provider.request", outcome="ok", model=completion.model,
+                   http_status=completion.http_status, latency_ms=completion.latency_ms,
+                   tokens_in=completion.tokens_in, tokens_out=completion.tokens_out)
         if abandoned is not None and abandoned.is_set():
             bound.info("job.abandoned")
             return Outcome.ABANDONED
@@ -110,7 +116,8 @@ class Executor:
 
     def fail_unexpected(self, job: ClaimedJob, exc: BaseException) -> Outcome:
         """Finalizes a job whose run raised something unforeseen, as `unknown` (retryable)."""
-        bound = log.bind(job_id=str(job.id), attempt=job.attempt, worker_claim=job.claim)
+        bound = log.bind(job_id=str(job.id), prompt_id=str(job.prompt_id), attempt=job.attempt,
+                         worker_id=job.claim, org_id=job.org_id)
         failure = ProviderFailure(ErrorKind.UNKNOWN, f"worker error: {type(exc).__name__}: {exc}")
         return self._handle_failure(job, failure, str(job.options.get("model") or
                                                       self.default_model), bound)
@@ -123,8 +130,12 @@ class Executor:
         if not won:
             bound.warning("job.claim_lost", intended=outcome.value)
             return Outcome.CLAIM_LOST
-        bound.info("job.finalized", outcome=outcome.value, **fields)
+        bound.info("job.finalized", outcome=outcome.value, from_state="running",
+                   to_state=_TO_STATE[outcome], **fields)
         return outcome
+
+
+_TO_STATE = {Outcome.SUCCEEDED: "succeeded", Outcome.REQUEUED: "queued", Outcome.FAILED: "failed"}
 
 
 def _with_retries(write: Callable[[], T]) -> T:

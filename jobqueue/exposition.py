@@ -23,9 +23,13 @@ from wsgiref.simple_server import WSGIServer
 
 import psycopg
 import structlog
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client import multiprocess as prometheus_multiprocess
-from prometheus_client import start_http_server
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from psycopg_pool import ConnectionPool, PoolTimeout
@@ -44,7 +48,9 @@ __all__ = [
     "start_worker_metrics_server",
 ]
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+# NOTE: generate_latest() writes the classic text format (0.0.4); say so, since prometheus-client's
+# CONTENT_TYPE_LATEST now names version 1.0.0, which older Prometheus servers do not know.
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # NOTE: a scrape must answer even when the database is slow: a late figure is worth less than
 # the process metrics around it.
@@ -69,7 +75,7 @@ class QueueFigures:
 
 def multiprocess_dir() -> str | None:
     """Returns the prometheus-client multiprocess directory of this process, if any."""
-    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or os.environ.get("prometheus_multiproc_dir")
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
 
 
 def read_queue_figures(pool: ConnectionPool[DictConnection]) -> QueueFigures:
@@ -111,8 +117,8 @@ def render_metrics(pool: ConnectionPool[DictConnection]) -> bytes:
     if multiprocess_dir():
         # NOTE: the scrape-time gauges also land in the multiprocess files of whichever process
         # set them last; only this scrape's fresh values are kept, so each name appears once.
-        registry.register(_Forward(prometheus_multiprocess.MultiProcessCollector(None),
-                                   _SCRAPE_TIME_NAMES))
+        collector = prometheus_multiprocess.MultiProcessCollector(None)  # type: ignore[no-untyped-call]
+        registry.register(_Forward(collector, _SCRAPE_TIME_NAMES))
     else:
         registry.register(_Forward(REGISTRY))
     try:

@@ -154,10 +154,10 @@ def queue_metrics(pool: ConnectionPool[DictConnection], since: datetime) -> Queu
     """
     window = {"since": since}
     with pool.connection() as conn:
-        counts = conn.execute(q.QUEUE_COUNT_BY_ORG_STATE).fetchall()
-        oldest = conn.execute(q.QUEUE_OLDEST_BY_ORG).fetchall()
-        latency = conn.execute(q.QUEUE_LATENCY_SINCE, window).fetchall()
-        errors = conn.execute(q.QUEUE_ERRORS_SINCE, window).fetchall()
+        counts = conn.execute(q.JOB_COUNT_BY_ORG_STATE).fetchall()
+        oldest = conn.execute(q.JOB_OLDEST_QUEUED_BY_ORG).fetchall()
+        latency = conn.execute(q.JOB_EVENT_LATENCY_SINCE, window).fetchall()
+        errors = conn.execute(q.JOB_EVENT_ERRORS_SINCE, window).fetchall()
     overall = OrgFigures(org_id=None)
     orgs: dict[int, OrgFigures] = {}
 

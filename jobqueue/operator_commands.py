@@ -1,4 +1,4 @@
-"""The operator's read and archive commands of `sa-core`: list-jobs, job-details, queue-metrics, archive-old-jobs.
+"""The operator's read and archive commands: list-jobs, job-details, queue-metrics, archive-old-jobs.
 
 Exit codes: 0 done; 1 the job is unknown or the database cannot be reached (message on stderr);
 2 bad arguments or configuration (argparse and `sa-core` print why).
@@ -29,7 +29,8 @@ __all__ = ["add_operator_commands", "parse_instant"]
 
 _AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_INSTANT_HELP = "ISO 8601 (2026-01-31, 2026-01-31T12:00:00+00:00; no offset means UTC) or an age: 90s, 30m, 12h, 7d, 2w"
+_INSTANT_HELP = ("ISO 8601 (2026-01-31, 2026-01-31T12:00:00+00:00; no offset means UTC) "
+                 "or an age: 90s, 30m, 12h, 7d, 2w")
 _DEFAULT_WINDOW = "24h"
 _EXIT_CODES = ("exit codes: 0 done; 1 unknown job id or database unreachable (message on stderr); "
                "2 bad arguments")
@@ -70,7 +71,8 @@ def _instant(text: str) -> datetime:
 
 def _past_instant(text: str) -> datetime:
     value = _instant(text)
-    if value > datetime.now(UTC):
+    # NOTE: a minute of slack for a database clock a little ahead of this machine's.
+    if value > datetime.now(UTC) + timedelta(minutes=1):
         raise argparse.ArgumentTypeError(f"{text!r} is in the future; give a past date or an age (30d)")
     return value
 
@@ -182,6 +184,12 @@ def _indented(text: str) -> str:
     return "\n".join("  " + line for line in text.splitlines()) or "  (empty)"
 
 
+def _event_error(event: dict[str, Any]) -> str | None:
+    """The error that ended an attempt; other events only carry the job's last error along."""
+    ended = event["from_state"] == "running" and event["to_state"] in ("queued", "failed")
+    return event["error_kind"] if ended else None
+
+
 def _render_details(details: JobDetails) -> str:
     job = details.job
     archived = f" (archived {_when(job['archived_at'])})" if job["archived_at"] else ""
@@ -219,7 +227,7 @@ def _render_details(details: JobDetails) -> str:
     lines += ["", f"transitions ({len(details.events)})", _table(
         ["EVENT", "AT", "FROM", "TO", "ATTEMPT", "WORKER", "ERROR"],
         [[e["id"], _when(e["at"], millis=True), e["from_state"] or "(created)", e["to_state"],
-          e["attempt"], e["worker_claim"], e["error_kind"]] for e in details.events])]
+          e["attempt"], e["worker_claim"], _event_error(e)] for e in details.events])]
     if details.calls:
         lines += ["", f"provider calls ({len(details.calls)})", _table(
             ["ATTEMPT", "AT", "MODEL", "HTTP", "LATENCY", "TOKENS IN/OUT", "OUTCOME"],

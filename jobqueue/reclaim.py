@@ -11,6 +11,7 @@ from datetime import datetime
 import structlog
 from psycopg_pool import ConnectionPool
 
+from jobqueue import metrics
 from jobqueue.db import DictConnection
 from jobqueue.queries import maintenance as q
 from jobqueue.settings import Settings
@@ -113,9 +114,13 @@ class Reclaimer:
                     conn.execute(q.MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
                     rows = conn.execute(q.JOB_RECLAIM_MANY_IF_STALE, params).fetchall()
                 for row in rows:
+                    metrics.TRANSITIONS.labels(from_state="running", to_state=row["state"]).inc()
+                    metrics.FAILURES.labels(
+                        error_kind="worker_crash" if row["state"] == "queued" else "stuck").inc()
                     log.warning(
                         "job.reclaimed", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),
-                        org_id=row["org_id"], to_state=row["state"], attempt=row["attempt"],
+                        org_id=row["org_id"], from_state="running", to_state=row["state"],
+                        attempt=row["attempt"],
                         max_attempts=row["max_attempts"], lost_claim=row["lost_claim"],
                         last_heartbeat=row["last_heartbeat"].isoformat(),
                     )

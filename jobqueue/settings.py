@@ -47,6 +47,22 @@ def _port(env: Mapping[str, str], name: str) -> int:
     return value
 
 
+def _origins(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Parses a comma-separated list of browser origins (`scheme://host[:port]`), or `*`."""
+    origins = tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
+    for origin in origins:
+        if origin == "*":
+            if len(origins) > 1:
+                raise SettingsError(f"{name}: '*' allows every origin and cannot be combined")
+            continue
+        scheme, sep, rest = origin.partition("://")
+        # NOTE: a browser sends the Origin without path or trailing slash; an entry with one
+        # would never match, so it is refused here rather than ignored at request time.
+        if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
+            raise SettingsError(f"{name}: {origin!r} is not an origin like https://app.example.com")
+    return origins
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob of DESIGN.md's interface contract, in seconds where it is a duration."""
@@ -69,6 +85,9 @@ class Settings:
     listen: bool = True
     max_prompt_chars: int = 100_000
     pool_max_size: int = 10
+    max_body_bytes: int = 1_048_576
+    org_max_queued: int = 10_000
+    cors_origins: tuple[str, ...] = ()
     org_max_running: int = 0
     metrics_port: int = 0
 
@@ -102,6 +121,9 @@ class Settings:
             listen=env.get("SA_LISTEN", "1") != "0",
             max_prompt_chars=_int(env, "SA_MAX_PROMPT_CHARS", 100_000),
             pool_max_size=_int(env, "SA_POOL_MAX_SIZE", 10),
+            max_body_bytes=_int(env, "SA_MAX_BODY_BYTES", 1_048_576),
+            org_max_queued=_int(env, "SA_ORG_MAX_QUEUED", 10_000, minimum=0),
+            cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             metrics_port=_port(env, "SA_METRICS_PORT"),
         )

@@ -1,8 +1,18 @@
-"""API tokens: shown once at creation, stored only as a SHA-256 hash, looked up by hash."""
+"""API tokens: shown once at creation, stored only as a SHA-256 hash, looked up by hash.
+
+Why the lookup is safe against timing attacks: the secret itself is never compared. The
+database finds the row by the SHA-256 digest of the presented token (a unique index), so the
+time it takes depends on how the *digest* compares with stored digests, and an attacker who
+cannot invert SHA-256 cannot steer the digest byte by byte toward a stored one: learning "the
+digest of my guess shares a prefix with some stored digest" says nothing about any token. As
+defense in depth, the digest the database returns is compared with the presented one again with
+`hmac.compare_digest`, so the answer never depends on a non-constant-time comparison in Python.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
@@ -12,7 +22,8 @@ from psycopg_pool import ConnectionPool
 from jobqueue.db import DictConnection
 from jobqueue.queries import token as q
 
-__all__ = ["Caller", "authenticate", "create_token", "hash_token"]
+__all__ = ["Caller", "IssuedToken", "RevokedToken", "authenticate", "create_token", "hash_token",
+           "issue_token", "revoke_token"]
 
 TOKEN_PREFIX = "sa_"
 
@@ -34,15 +45,35 @@ def hash_token(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8")).digest()
 
 
-def create_token(
+@dataclass(frozen=True)
+class IssuedToken:
+    """A new token (the only time it exists in clear), its row id and its expiry."""
+
+    id: int
+    token: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class RevokedToken:
+    """A revoked token's row: `newly` is False when it had been revoked before."""
+
+    id: int
+    org_id: int
+    user_id: int
+    revoked_at: datetime
+    newly: bool
+
+
+def issue_token(
     pool: ConnectionPool[DictConnection],
     org_id: int,
     user_id: int,
     *,
     label: str | None = None,
     expires_at: datetime | None = None,
-) -> str:
-    """Creates a bearer token for (org, user) and returns it; only its hash is kept.
+) -> IssuedToken:
+    """Creates a bearer token for (org, user); only its hash is kept.
 
     Args:
         pool: database pool.
@@ -52,11 +83,11 @@ def create_token(
         expires_at: when the token stops working; None for never.
 
     Returns:
-        The token, to be shown once.
+        The token (to be shown once), with its id (for `revoke-token`) and expiry.
     """
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with pool.connection() as conn:
-        conn.execute(
+        row = conn.execute(
             q.TOKEN_INSERT,
             {
                 "token_hash": hash_token(token),
@@ -65,14 +96,52 @@ def create_token(
                 "label": label,
                 "expires_at": expires_at,
             },
-        )
-    return token
+        ).fetchone()
+    assert row is not None
+    return IssuedToken(id=row["id"], token=token, expires_at=row["expires_at"])
+
+
+def create_token(
+    pool: ConnectionPool[DictConnection],
+    org_id: int,
+    user_id: int,
+    *,
+    label: str | None = None,
+    expires_at: datetime | None = None,
+) -> str:
+    """Creates a bearer token for (org, user) and returns it (see `issue_token`)."""
+    return issue_token(pool, org_id, user_id, label=label, expires_at=expires_at).token
+
+
+def revoke_token(pool: ConnectionPool[DictConnection], token_or_id: str) -> RevokedToken | None:
+    """Revokes a token, named by itself or by its id; it stops working at once.
+
+    Args:
+        pool: database pool.
+        token_or_id: the token, or the decimal id `create-token` printed.
+
+    Returns:
+        The revoked token's row, or None when no token matches.
+    """
+    with pool.connection() as conn:
+        if token_or_id.isascii() and token_or_id.isdigit():
+            if int(token_or_id) > 2**63 - 1:
+                return None
+            row = conn.execute(q.TOKEN_REVOKE_BY_ID, {"id": int(token_or_id)}).fetchone()
+        else:
+            row = conn.execute(q.TOKEN_REVOKE_BY_HASH,
+                               {"token_hash": hash_token(token_or_id)}).fetchone()
+    if row is None:
+        return None
+    return RevokedToken(id=row["id"], org_id=row["org_id"], user_id=row["user_id"],
+                        revoked_at=row["revoked_at"], newly=row["newly"])
 
 
 def authenticate(pool: ConnectionPool[DictConnection], token: str) -> Caller | None:
     """Returns the caller a token acts for, or None when it is unknown, revoked or expired."""
+    digest = hash_token(token)
     with pool.connection() as conn:
-        row = conn.execute(q.TOKEN_GET_ACTIVE, (hash_token(token),)).fetchone()
-    if row is None:
+        row = conn.execute(q.TOKEN_GET_ACTIVE, (digest,)).fetchone()
+    if row is None or not hmac.compare_digest(bytes(row["token_hash"]), digest):
         return None
     return Caller(org_id=row["org_id"], user_id=row["user_id"])

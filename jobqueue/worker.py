@@ -178,6 +178,9 @@ class Worker:
                      self.config.org_max_running)
         self.claim_rounds += 1
         for job in jobs:
+            self.log.info("job.claimed", job_id=str(job.id), prompt_id=str(job.prompt_id),
+                          org_id=job.org_id, attempt=job.attempt, from_state="queued",
+                          to_state="running")
             run = _Run(job)
             with self._lock:
                 self._inflight[job.id] = run

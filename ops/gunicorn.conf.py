@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
+import tempfile
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 __all__ = [
@@ -12,20 +16,30 @@ __all__ = [
     "child_exit",
     "control_socket_disable",
     "graceful_timeout",
+    "on_exit",
     "on_starting",
+    "post_worker_init",
     "threads",
     "worker_class",
+    "worker_connections",
     "workers",
 ]
 
 # NOTE: PaaS platforms hand the port in $PORT; 0.0.0.0 so the router (or a container host) can reach it.
 bind = f"0.0.0.0:{os.environ.get('PORT', '8000')}"
 
-# NOTE: gthread, not sync: the sync worker kills long responses (SSE streams) at `timeout` and serves
-# one request at a time; gthread serves `threads` requests per process, and database and provider
-# calls release the GIL while they wait. Each open SSE stream holds one thread.
-worker_class = "gthread"
+# NOTE: gevent, so that an open SSE stream costs a greenlet (a few KiB), not a thread: one process
+# holds `worker_connections` connections at once (streams and ordinary requests together). The
+# sync worker kills long responses at `timeout` and serves one request at a time; gthread ties up
+# one OS thread per open stream and queues every new request once `threads` streams are open.
+# The worker monkey-patches the stdlib before it imports the app, so psycopg picks its
+# gevent-aware wait (gevent's select.poll) and a query waiting on Postgres yields to the other
+# greenlets; the pool's and the SSE hub's threads become greenlets. A test holds 100 streams open
+# and a database call blocked while POST /prompt still answers (tests/test_sse.py).
+worker_class = os.environ.get("SA_WEB_WORKER_CLASS", "gevent")
 workers = int(os.environ.get("WEB_CONCURRENCY", "2"))
+worker_connections = int(os.environ.get("SA_WEB_CONNECTIONS", "1000"))
+# NOTE: only used with SA_WEB_WORKER_CLASS=gthread.
 threads = int(os.environ.get("SA_WEB_THREADS", "8"))
 
 # NOTE: gunicorn >= 25.1 opens a control socket at one fixed path per user ($XDG_RUNTIME_DIR or
@@ -43,6 +57,22 @@ accesslog = None
 graceful_timeout = 30
 
 
+# NOTE: several web processes answer /metrics in turn, so their figures must be pooled: without
+# PROMETHEUS_MULTIPROC_DIR each scrape would see only the process that happened to answer it
+# (jobqueue/exposition.py). Set here, in the master, before any worker imports prometheus_client;
+# a fresh directory per run (removed on exit) unless the operator names one (ops/systemd/).
+_OWN_MULTIPROC_DIR: str | None = None
+if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+    _OWN_MULTIPROC_DIR = tempfile.mkdtemp(prefix="sa-core-prometheus-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = _OWN_MULTIPROC_DIR
+
+
+def on_exit(server: Any) -> None:
+    """Removes the multiprocess directory this configuration created (never one it was given)."""
+    if _OWN_MULTIPROC_DIR:
+        shutil.rmtree(_OWN_MULTIPROC_DIR, ignore_errors=True)
+
+
 def on_starting(server: Any) -> None:
     """Empties PROMETHEUS_MULTIPROC_DIR (when set) so counters from a previous run do not leak in."""
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
@@ -51,6 +81,25 @@ def on_starting(server: Any) -> None:
         path.mkdir(parents=True, exist_ok=True)
         for stale in path.glob("*.db"):
             stale.unlink()
+
+
+def post_worker_init(worker: Any) -> None:
+    """Ends the worker's SSE streams as soon as it gets SIGTERM, before gunicorn's graceful wait.
+
+    Streams never finish by themselves, so without this every graceful stop or restart would
+    wait the whole `graceful_timeout`; clients reconnect (to a live worker) with Last-Event-ID.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        from jobqueue.events import close_all_streams
+
+        close_all_streams()
+        if callable(previous):
+            previous(signum, frame)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.siginterrupt(signal.SIGTERM, False)
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -10,16 +10,27 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.db import DictConnection, open_pool
-from jobqueue.errors import Conflict, InvalidInput, JobQueueError, NotFound
+from jobqueue.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
+from jobqueue.events import EventHub
 from jobqueue.logs import configure_logging
 from jobqueue.settings import Settings
 from service.auth import API_PREFIX, AuthMiddleware
+from service.middleware import RequestContextMiddleware
+from service.middleware_security import (
+    QueryParamsMiddleware,
+    RequestLimitsMiddleware,
+    SecurityHeadersMiddleware,
+    cors_middleware,
+)
+from service.openapi import OPENAPI_PATH, OpenApiDocument, build_openapi
 from service.resources.control import JobCancel, PromptRetry
+from service.resources.events import MissionEvents
 from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
+from service.resources.metrics import Metrics
 from service.resources.mission import MissionRecent
 from service.resources.prompts import PromptCollection, PromptItem
-from service.serialize import json_handler
+from service.serialize import json_handler, serialize_error
 
 __all__ = ["create_app"]
 
@@ -29,13 +40,15 @@ _STATUS: dict[type[JobQueueError], str] = {
     NotFound: falcon.HTTP_404,
     Conflict: falcon.HTTP_409,
     InvalidInput: falcon.HTTP_422,
+    QueueFull: falcon.HTTP_429,
 }
 
 
 def _domain_error(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, JobQueueError)
     status = next((s for cls, s in _STATUS.items() if isinstance(ex, cls)), falcon.HTTP_400)
-    raise falcon.HTTPError(status, title=ex.title, description=ex.description)
+    headers = {"Retry-After": str(ex.retry_after)} if isinstance(ex, QueueFull) else None
+    raise falcon.HTTPError(status, title=ex.title, description=ex.description, headers=headers)
 
 
 def _database_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
@@ -58,13 +71,17 @@ def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, param
 
 
 def create_app(
-    settings: Settings | None = None, pool: ConnectionPool[DictConnection] | None = None
+    settings: Settings | None = None,
+    pool: ConnectionPool[DictConnection] | None = None,
+    hub: EventHub | None = None,
 ) -> falcon.App[falcon.Request, falcon.Response]:
     """Builds the WSGI app; opens its own pool unless one is given (tests share theirs).
 
     Args:
         settings: configuration; read from the environment when None.
         pool: an open pool to use instead of opening one.
+        hub: the SSE event hub to use; by default one per app (so one per gunicorn worker
+            process), started by the first GET /mission/events.
 
     Returns:
         The Falcon app.
@@ -73,20 +90,33 @@ def create_app(
     settings = settings or Settings.from_env()
     pool = pool or open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
                              checkout_timeout=5.0)
-    app = falcon.App(middleware=[AuthMiddleware(pool)])
+    # NOTE: the request context comes first, so its request id, log line and latency cover auth too.
+    # Body limits run before auth, so an oversized or non-JSON body costs no token lookup.
+    cors = cors_middleware(settings.cors_origins)
+    document = build_openapi(settings)
+    middleware: list[Any] = [RequestContextMiddleware(), SecurityHeadersMiddleware(),
+                             *([cors] if cors else []),
+                             RequestLimitsMiddleware(settings.max_body_bytes), AuthMiddleware(pool),
+                             QueryParamsMiddleware(document, API_PREFIX + "/")]
+    app = falcon.App(middleware=middleware)
     handler = json_handler()
     app.req_options.media_handlers[falcon.MEDIA_JSON] = handler
     app.resp_options.media_handlers[falcon.MEDIA_JSON] = handler
     app.req_options.strip_url_path_trailing_slash = True
+    app.set_error_serializer(serialize_error)
 
     app.add_route("/healthz", Health())
     app.add_route("/readyz", Ready(pool))
-    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings.max_prompt_chars))
+    app.add_route("/metrics", Metrics(pool))
+    app.add_route(OPENAPI_PATH, OpenApiDocument(document))
+    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry", PromptRetry(pool))
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool))
+    app.add_route(f"{API_PREFIX}/mission/events",
+                  MissionEvents(pool, hub or EventHub.from_settings(pool, settings)))
 
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(psycopg.OperationalError, _database_down)

@@ -8,10 +8,18 @@ from psycopg_pool import ConnectionPool
 from jobqueue.db import DictConnection
 from jobqueue.tokens import authenticate
 
-__all__ = ["API_PREFIX", "AuthMiddleware"]
+__all__ = ["API_PREFIX", "QUERY_TOKEN_PARAM", "QUERY_TOKEN_PATHS", "AuthMiddleware"]
 
 API_PREFIX = "/sa-core/v1"
 PUBLIC_PATHS = frozenset({f"{API_PREFIX}/openapi.json"})
+
+QUERY_TOKEN_PARAM = "access_token"
+"""Query parameter (RFC 6750 section 2.3) that may carry the token on QUERY_TOKEN_PATHS only."""
+
+# NOTE: a token in a URL can end up in proxy and server access logs, browser history and
+# Referer headers, so it is accepted only where a header cannot be sent: a browser
+# EventSource cannot set Authorization. The header still wins when both are present.
+QUERY_TOKEN_PATHS = frozenset({f"{API_PREFIX}/mission/events"})
 
 
 class AuthMiddleware:
@@ -24,8 +32,14 @@ class AuthMiddleware:
         """Rejects API requests without a valid token with a JSON 401."""
         if not req.path.startswith(API_PREFIX + "/") or req.path in PUBLIC_PATHS:
             return
+        if req.method == "OPTIONS":
+            # NOTE: a CORS preflight carries no credentials by definition; Falcon's default
+            # OPTIONS responder answers it with the route's Allow list and reads nothing.
+            return
         scheme, _, token = (req.get_header("Authorization") or "").partition(" ")
         token = token.strip()
+        if not scheme and req.method == "GET" and req.path in QUERY_TOKEN_PATHS:
+            scheme, token = "bearer", (req.get_param(QUERY_TOKEN_PARAM) or "").strip()
         if scheme.lower() != "bearer" or not token:
             raise falcon.HTTPUnauthorized(
                 title="Authentication required",

@@ -8,7 +8,8 @@ from jobqueue.fake_provider import FakeProvider
 
 def test_no_job_is_lost_duplicated_or_stuck_when_workers_die(database_url: str,
                                                              fake: FakeProvider) -> None:
-    report = run_chaos(database_url, fake.url, jobs=300, workers=3, kills=6, seed=7, timeout=90)
+    report = run_chaos(database_url, fake.url, jobs=300, workers=3, kills=6, seed=7, timeout=90,
+                       latency=0.3)
 
     counts = report.counts
     assert report.kills == 6

@@ -1,9 +1,9 @@
 """Statements of `archive-old-jobs`: pick finished prompt families, move their rows to the archive tables."""
 
 __all__ = [
-    "ARCHIVE_COUNT_RELATED",
-    "ARCHIVE_PICK_MANY",
+    "JOB_ARCHIVE_COUNT_RELATED",
     "JOB_ARCHIVE_MANY",
+    "JOB_ARCHIVE_PICK_MANY",
     "JOB_EVENT_ARCHIVE_MANY",
     "LEDGER_ARCHIVE_MANY",
 ]
@@ -24,7 +24,7 @@ __all__ = [
 # Every new job of an existing prompt goes through such an update of one of its jobs, so a
 # family cannot grow unseen. A family referenced from another prompt's job (never written by
 # this service) stays too, so the move cannot fail on the foreign key.
-ARCHIVE_PICK_MANY = """
+JOB_ARCHIVE_PICK_MANY = """
 WITH scanned AS (
     SELECT id, prompt_id, created_at
       FROM sa_job
@@ -123,7 +123,7 @@ SELECT id, prompt_id, state, priority, attempt, max_attempts, execution_options,
 
 # served by sa_job_event_job_idx (job_id, id) and sa_ledger_job_idx (job_id). The dry run's
 # figures: what the two moves above would carry along.
-ARCHIVE_COUNT_RELATED = """
+JOB_ARCHIVE_COUNT_RELATED = """
 SELECT (SELECT count(*) FROM sa_job_event WHERE job_id = ANY(%(job_ids)s)) AS events,
        (SELECT count(*) FROM sa_ledger WHERE job_id = ANY(%(job_ids)s)) AS ledger
 """

@@ -2,29 +2,63 @@
 
 __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB"]
 
-# NOTE: one statement, so enqueue costs one round trip and is atomic in autocommit mode.
-# The parent must exist in the caller's org (sa_entity primary key); when it does not, no
-# row is written and nothing is returned. A prompt inherits its thread's correlation id.
+# NOTE: one statement, so enqueue costs one round trip and is atomic in autocommit mode: the
+# prompt, its job and the idempotency key row are written together or not at all.
+# served by sa_entity_pkey (id) for the parent, sa_job_org_queued_idx (org_id) WHERE state =
+# 'queued' (0004_idempotency.sql) for the cap, sa_idempotency_key_pkey for the key.
+# - The parent must exist in the caller's org; a prompt inherits its thread's correlation id.
+# - The cap counts the org's queued jobs, stopping at `max_queued` (0 = no cap: LIMIT 0 counts
+#   nothing). Exact only under ORG_ENQUEUE_LOCK, which the caller takes first when a cap is set.
+# - With a key (`idempotency_key` not NULL), the prompt and job are written only if the key row
+#   is: a new key, or one older than `key_ttl` seconds (expired: taken over). A live key, even one
+#   a concurrent transaction is still writing (ON CONFLICT waits for it), writes nothing; the
+#   caller then reads the key row (IDEMPOTENCY_KEY_GET_LIVE) and replays or refuses.
+# The answer is always one row: the gate's verdicts, and the job's columns (NULL when nothing
+# was written), so the caller tells "unknown parent", "queue full" and "key taken" apart.
 PROMPT_INSERT_WITH_JOB = """
 WITH parent AS (
     SELECT id, correlation_id
       FROM sa_entity
      WHERE id = %(parent_id)s AND org_id = %(org_id)s
+), gate AS (
+    SELECT (%(parent_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM parent)) AS parent_ok,
+           (%(max_queued)s = 0
+            OR (SELECT count(*)
+                  FROM (SELECT 1
+                          FROM sa_job
+                         WHERE org_id = %(org_id)s AND state = 'queued'
+                         LIMIT %(max_queued)s) AS capped) < %(max_queued)s) AS under_cap
+), idempotency AS (
+    INSERT INTO sa_idempotency_key AS k (org_id, user_id, key, request_hash, prompt_id, job_id)
+    SELECT %(org_id)s, %(user_id)s, %(idempotency_key)s, %(request_hash)s, %(prompt_id)s,
+           %(job_id)s
+      FROM gate
+     WHERE gate.parent_ok AND gate.under_cap AND %(idempotency_key)s::text IS NOT NULL
+        ON CONFLICT (org_id, user_id, key) DO UPDATE
+       SET request_hash = excluded.request_hash, prompt_id = excluded.prompt_id,
+           job_id = excluded.job_id, created_at = excluded.created_at
+     WHERE k.created_at <= now() - make_interval(secs => %(key_ttl)s)
+    RETURNING k.key
 ), prompt AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, parent_id, correlation_id,
                            causation_id, content)
     SELECT %(prompt_id)s, 'prompt', %(org_id)s, %(user_id)s, %(parent_id)s,
            coalesce((SELECT correlation_id FROM parent), %(prompt_id)s),
            %(parent_id)s, %(text)s
-     WHERE %(parent_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM parent)
+      FROM gate
+     WHERE gate.parent_ok AND gate.under_cap
+       AND (%(idempotency_key)s::text IS NULL OR EXISTS (SELECT 1 FROM idempotency))
     RETURNING id
+), job AS (
+    INSERT INTO sa_job (id, prompt_id, priority, max_attempts, execution_options, org_id,
+                        created_by, supersedes)
+    SELECT %(job_id)s, prompt.id, %(priority)s, %(max_attempts)s, %(options)s, %(org_id)s,
+           %(user_id)s, NULL
+      FROM prompt
+    RETURNING id, prompt_id, state, created_at
 )
-INSERT INTO sa_job (id, prompt_id, priority, max_attempts, execution_options, org_id,
-                    created_by, supersedes)
-SELECT %(job_id)s, prompt.id, %(priority)s, %(max_attempts)s, %(options)s, %(org_id)s,
-       %(user_id)s, NULL
-  FROM prompt
-RETURNING id, prompt_id, state, created_at
+SELECT gate.parent_ok, gate.under_cap, job.id, job.prompt_id, job.state, job.created_at
+  FROM gate LEFT JOIN job ON true
 """
 
 # served by sa_entity_pkey (id)

@@ -1,14 +1,14 @@
 """Operator reads across orgs (list-jobs, job-details, queue-metrics), over hot and archived rows."""
 
 __all__ = [
+    "JOB_COUNT_BY_ORG_STATE",
+    "JOB_EVENT_ERRORS_SINCE",
+    "JOB_EVENT_LATENCY_SINCE",
     "JOB_EVENT_LIST_FOR_JOB_ANY_ORG",
     "JOB_GET_ANY_ORG",
     "JOB_LIST_ANY_ORG",
+    "JOB_OLDEST_QUEUED_BY_ORG",
     "LEDGER_LIST_FOR_JOB_ANY_ORG",
-    "QUEUE_COUNT_BY_ORG_STATE",
-    "QUEUE_ERRORS_SINCE",
-    "QUEUE_LATENCY_SINCE",
-    "QUEUE_OLDEST_BY_ORG",
 ]
 
 _JOB_COLUMNS = """
@@ -86,7 +86,7 @@ SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outco
 # index-only scan when the visibility map allows, else by a scan of sa_job. Either way it reads
 # every hot job once: an operator command, never on a request path; `archive-old-jobs` keeps the
 # hot table small.
-QUEUE_COUNT_BY_ORG_STATE = """
+JOB_COUNT_BY_ORG_STATE = """
 SELECT org_id, state, count(*) AS jobs
   FROM sa_job
  GROUP BY org_id, state
@@ -95,7 +95,7 @@ SELECT org_id, state, count(*) AS jobs
 
 # served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued': only the backlog
 # is read. Age counts from the due time, as the sa_job_oldest_queued_seconds gauge does.
-QUEUE_OLDEST_BY_ORG = """
+JOB_OLDEST_QUEUED_BY_ORG = """
 SELECT org_id,
        count(*) FILTER (WHERE scheduled_for <= now()) AS due,
        coalesce(extract(epoch FROM now() - min(scheduled_for) FILTER (WHERE scheduled_for <= now())),
@@ -145,7 +145,7 @@ WITH recent AS (
 
 # One row for all orgs (`all_orgs` true) then one per org. Seconds are float8; means and p95 are
 # NULL when nothing was measured.
-QUEUE_LATENCY_SINCE = (
+JOB_EVENT_LATENCY_SINCE = (
     _MEASURED
     + """
 SELECT GROUPING(org_id) = 1 AS all_orgs, org_id,
@@ -165,7 +165,7 @@ SELECT GROUPING(org_id) = 1 AS all_orgs, org_id,
 )
 
 # Errored attempts by error_kind, for all orgs (`all_orgs` true) and per org.
-QUEUE_ERRORS_SINCE = (
+JOB_EVENT_ERRORS_SINCE = (
     _MEASURED
     + """
 SELECT GROUPING(org_id) = 1 AS all_orgs, org_id, coalesce(error_kind, 'unknown') AS error_kind,

@@ -293,7 +293,7 @@ _RETRY_TAIL = """
       FROM old JOIN superseded USING (id)
     RETURNING id, state, supersedes, created_at
 )
-SELECT old.id AS old_id, old.prompt_id, old.state AS old_state,
+SELECT old.id AS old_id, old.prompt_id, old.org_id, old.state AS old_state,
        fresh.id AS job_id, fresh.state, fresh.supersedes, fresh.created_at,
        (SELECT s.id FROM sa_job s WHERE s.supersedes = old.id) AS superseded_by
   FROM old LEFT JOIN fresh ON true

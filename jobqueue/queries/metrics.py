@@ -2,10 +2,11 @@
 
 __all__ = ["JOB_QUEUE_DEPTH"]
 
-# served by the partial indexes of 0001_core_schema.sql only: sa_job_claim_idx (priority,
-# scheduled_for) WHERE state = 'queued' for both queued figures, and sa_job_worker_claim_idx or
-# sa_job_heartbeat_idx (WHERE state = 'running') for the running count. Finished jobs are in
-# none of them, so a scrape costs in proportion to the backlog, never to the history.
+# served by partial indexes only: for both queued figures one WHERE state = 'queued'
+# (sa_job_claim_idx (priority, scheduled_for) of 0001_core_schema.sql, or the planner may take
+# the smaller sa_job_org_queued_idx of 0004), and sa_job_worker_claim_idx or sa_job_heartbeat_idx
+# (WHERE state = 'running', 0001) for the running count. Finished jobs are in none of them, so a
+# scrape costs in proportion to the backlog, never to the history.
 # NOTE: three scalar subqueries, not one GROUP BY state: each equality on `state` matches one
 # partial index's predicate, where `state IN (...)` would push the planner towards the table.
 # The oldest job counts from its due time (scheduled_for), so a job deliberately scheduled for

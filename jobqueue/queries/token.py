@@ -1,18 +1,44 @@
 """Statements on sa_api_token."""
 
-__all__ = ["TOKEN_GET_ACTIVE", "TOKEN_INSERT"]
+__all__ = ["TOKEN_GET_ACTIVE", "TOKEN_INSERT", "TOKEN_REVOKE_BY_HASH", "TOKEN_REVOKE_BY_ID"]
 
 TOKEN_INSERT = """
 INSERT INTO sa_api_token (token_hash, org_id, user_id, label, expires_at)
 VALUES (%(token_hash)s, %(org_id)s, %(user_id)s, %(label)s, %(expires_at)s)
-RETURNING id
+RETURNING id, expires_at
 """
 
-# served by sa_api_token_hash_unique (token_hash)
+# served by sa_api_token_hash_unique (token_hash). Returns the stored digest too, so the caller
+# can compare it with the presented one in constant time (see jobqueue.tokens.authenticate).
 TOKEN_GET_ACTIVE = """
-SELECT org_id, user_id
+SELECT org_id, user_id, token_hash
   FROM sa_api_token
  WHERE token_hash = %s
    AND revoked_at IS NULL
    AND (expires_at IS NULL OR expires_at > now())
+"""
+
+# served by sa_api_token_pkey (id). A token already revoked keeps its first revocation time;
+# `newly` says whether this call revoked it.
+TOKEN_REVOKE_BY_ID = """
+WITH target AS (
+    SELECT id, revoked_at FROM sa_api_token WHERE id = %(id)s FOR UPDATE
+)
+UPDATE sa_api_token t
+   SET revoked_at = coalesce(target.revoked_at, now())
+  FROM target
+ WHERE t.id = target.id
+RETURNING t.id, t.org_id, t.user_id, t.revoked_at, target.revoked_at IS NULL AS newly
+"""
+
+# served by sa_api_token_hash_unique (token_hash); as TOKEN_REVOKE_BY_ID.
+TOKEN_REVOKE_BY_HASH = """
+WITH target AS (
+    SELECT id, revoked_at FROM sa_api_token WHERE token_hash = %(token_hash)s FOR UPDATE
+)
+UPDATE sa_api_token t
+   SET revoked_at = coalesce(target.revoked_at, now())
+  FROM target
+ WHERE t.id = target.id
+RETURNING t.id, t.org_id, t.user_id, t.revoked_at, target.revoked_at IS NULL AS newly
 """

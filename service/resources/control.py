@@ -10,6 +10,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.control import cancel_job, retry_prompt
 from jobqueue.db import DictConnection
 from service.auth import API_PREFIX
+from service.validation import parse_no_body
 
 __all__ = ["JobCancel", "PromptRetry"]
 
@@ -22,6 +23,7 @@ class JobCancel:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, job_id: uuid.UUID) -> None:
         """Answers the cancelled job, or 404 when it is not the caller's org's."""
+        parse_no_body(req.get_media(default_when_empty=None))
         caller = req.context.caller
         resp.media = cancel_job(self._pool, job_id, caller.org_id,
                                 reason=f"cancelled by user {caller.user_id}")
@@ -35,6 +37,7 @@ class PromptRetry:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, prompt_id: uuid.UUID) -> None:
         """Queues the new job; 409 while the latest job is still active, 404 for unknown prompts."""
+        parse_no_body(req.get_media(default_when_empty=None))
         retried = retry_prompt(self._pool, prompt_id, req.context.caller)
         resp.status = falcon.HTTP_202
         resp.location = f"{req.root_path}{API_PREFIX}/jobs/{retried.job_id}"

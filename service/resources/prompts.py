@@ -10,27 +10,39 @@ from psycopg_pool import ConnectionPool
 from jobqueue.db import DictConnection
 from jobqueue.enqueue import enqueue
 from jobqueue.lookup import get_prompt
-from service.validation import parse_prompt
+from jobqueue.settings import Settings
+from service.validation import parse_idempotency_key, parse_prompt
 
-__all__ = ["PromptCollection", "PromptItem"]
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptCollection", "PromptItem"]
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 class PromptCollection:
     """Submits a prompt: 202 at once, the work happens in a worker."""
 
-    def __init__(self, pool: ConnectionPool[DictConnection], max_prompt_chars: int) -> None:
+    def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings) -> None:
         self._pool = pool
-        self._max_chars = max_prompt_chars
+        self._max_chars = settings.max_prompt_chars
+        self._max_queued = settings.org_max_queued
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
-        """Writes the prompt and its queued job; answers 202 with both ids."""
+        """Writes the prompt and its queued job; answers 202 with both ids.
+
+        With an Idempotency-Key already used for the same request, answers the original ids
+        with `Idempotent-Replayed: true` and writes nothing.
+        """
+        key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         request = parse_prompt(req.get_media(), self._max_chars)
         done = enqueue(
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
-            options=request.options,
+            options=request.options, idempotency_key=key, max_queued=self._max_queued,
         )
         resp.status = falcon.HTTP_202
+        if done.replayed:
+            resp.set_header(REPLAYED_HEADER, "true")
         resp.location = f"{req.root_path}/sa-core/v1/jobs/{done.job_id}"
         resp.media = {"prompt_id": done.prompt_id, "job_id": done.job_id, "state": done.state}
 

@@ -1,0 +1,23 @@
+"""GET /metrics: Prometheus text format, unscoped (no token), as DESIGN.md says."""
+
+from __future__ import annotations
+
+import falcon
+from psycopg_pool import ConnectionPool
+
+from jobqueue.db import DictConnection
+from jobqueue.exposition import CONTENT_TYPE, render_metrics
+
+__all__ = ["Metrics"]
+
+
+class Metrics:
+    """Every web process's metrics, plus queue depth and oldest queued age read at scrape time."""
+
+    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+        self._pool = pool
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        """Answers the page; it stays 200 (without the queue gauges) when the database is down."""
+        resp.content_type = CONTENT_TYPE
+        resp.data = render_metrics(self._pool)

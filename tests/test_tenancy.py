@@ -1,0 +1,185 @@
+"""Tenancy, route by route: a token of another org and a token of another user of the same org
+try every scoped route on the owner's objects. Another org gets 404 (exactly like a missing
+object) and changes nothing; a teammate shares the org's prompts and jobs (README: Tenancy)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import falcon
+import falcon.inspect
+import falcon.testing
+import pytest
+from psycopg_pool import ConnectionPool
+
+from jobqueue.db import DictConnection
+from jobqueue.tokens import create_token
+from service.auth import API_PREFIX, PUBLIC_PATHS
+from tests.conftest import WorkerHarness, fetch_one
+from tests.helpers import submit
+
+
+@dataclass
+class World:
+    """The owner's (org 1, user 10) objects, and the two other callers' headers."""
+
+    owner: dict[str, str]
+    teammate: dict[str, str]
+    stranger: dict[str, str]
+    done_prompt: str
+    done_job: str
+    response: str
+    queued_prompt: str
+    queued_job: str
+
+    def fill(self, template: str) -> str:
+        return template.format(**vars(self))
+
+
+@pytest.fixture
+def world(client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
+          pool: ConnectionPool[DictConnection]) -> World:
+    done = submit(client, auth, text="owner's finished prompt")
+    workers.build().run(once=True)
+    response = fetch_one(pool, "SELECT response_id FROM sa_job WHERE id = %s", done["job_id"])
+    queued = submit(client, auth, text="owner's queued prompt")
+    post = client.simulate_post(f"{API_PREFIX}/prompt", json={"text": "owner's keyed prompt"},
+                                headers={**auth, "Idempotency-Key": "owner-key"})
+    assert post.status_code == 202
+    return World(
+        owner=auth,
+        teammate={"Authorization": f"Bearer {create_token(pool, 1, 11)}"},
+        stranger={"Authorization": f"Bearer {create_token(pool, 2, 20)}"},
+        done_prompt=done["prompt_id"], done_job=done["job_id"],
+        response=str(response["response_id"]),
+        queued_prompt=queued["prompt_id"], queued_job=queued["job_id"],
+    )
+
+
+Check = Callable[[falcon.testing.Result, World], None]
+
+
+def _sees_no_items(result: falcon.testing.Result, w: World) -> None:
+    assert {i["prompt_id"] for i in result.json["items"]} & {w.done_prompt, w.queued_prompt} == set()
+
+
+def _sees_items(result: falcon.testing.Result, w: World) -> None:
+    assert {w.done_prompt, w.queued_prompt} <= {i["prompt_id"] for i in result.json["items"]}
+
+
+def _not_a_replay(result: falcon.testing.Result, w: World) -> None:
+    assert "idempotent-replayed" not in result.headers
+
+
+def _cancelled(result: falcon.testing.Result, w: World) -> None:
+    assert result.json["state"] == "cancelled" and result.json["created_by"] == 10
+
+
+def _supersedes_the_owners_job(result: falcon.testing.Result, w: World) -> None:
+    assert result.json["supersedes"] == w.done_job
+
+
+@dataclass(frozen=True)
+class Case:
+    """One scoped route: what a stranger (org 2) and a teammate (org 1, user 11) get."""
+
+    name: str
+    method: str
+    route: str  # Falcon's uri_template, as inspect_routes reports it
+    path: str
+    stranger: int
+    teammate: int
+    body: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+    stranger_check: Check | None = None
+    teammate_check: Check | None = None
+
+
+P = API_PREFIX
+CASES = [
+    Case("submit continuing my thread", "POST", f"{P}/prompt", f"{P}/prompt", 422, 202,
+         body={"text": "reply", "parent_id": "{done_prompt}"}),
+    Case("submit under my idempotency key", "POST", f"{P}/prompt", f"{P}/prompt", 202, 202,
+         body={"text": "their own prompt"}, headers={"Idempotency-Key": "owner-key"},
+         stranger_check=_not_a_replay, teammate_check=_not_a_replay),
+    Case("read my job", "GET", f"{P}/jobs/{{job_id:uuid}}", f"{P}/jobs/{{queued_job}}", 404, 200),
+    Case("cancel my job", "POST", f"{P}/jobs/{{job_id:uuid}}/cancel",
+         f"{P}/jobs/{{queued_job}}/cancel", 404, 200, teammate_check=_cancelled),
+    Case("read my prompt", "GET", f"{P}/prompts/{{prompt_id:uuid}}", f"{P}/prompts/{{done_prompt}}",
+         404, 200),
+    Case("read my response as a prompt", "GET", f"{P}/prompts/{{prompt_id:uuid}}",
+         f"{P}/prompts/{{response}}", 404, 404),
+    Case("retry my prompt", "POST", f"{P}/prompts/{{prompt_id:uuid}}/retry",
+         f"{P}/prompts/{{done_prompt}}/retry", 404, 202, teammate_check=_supersedes_the_owners_job),
+    Case("poll the feed", "GET", f"{P}/mission/recent", f"{P}/mission/recent", 200, 200,
+         stranger_check=_sees_no_items, teammate_check=_sees_items),
+]
+
+# NOTE: the event stream never ends, so it is proven where streams are read concurrently:
+# tests/test_sse.py::test_a_client_never_sees_another_users_or_another_orgs_events (each
+# caller, teammate and stranger alike, receives its own jobs' events only).
+DELEGATED = {("GET", f"{P}/mission/events")}
+
+
+def _state(pool: ConnectionPool[DictConnection]) -> dict[str, Any]:
+    return fetch_one(pool, "SELECT (SELECT count(*) FROM sa_job) AS jobs, "
+                           "(SELECT count(*) FROM sa_entity) AS entities, "
+                           "(SELECT string_agg(state, ',' ORDER BY created_at, id) FROM sa_job) AS states")
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_another_org_gets_404_and_changes_nothing(
+    client: falcon.testing.TestClient, world: World, pool: ConnectionPool[DictConnection], case: Case,
+) -> None:
+    before = _state(pool)
+    body = _fill(case.body, world)
+    result = client.simulate_request(case.method, world.fill(case.path), json=body,
+                                     headers={**world.stranger, **(case.headers or {})})
+    assert result.status_code == case.stranger, result.text
+    if case.stranger == 404:
+        missing = client.simulate_request(case.method, _missing(world.fill(case.path)), json=body,
+                                          headers=world.owner)
+        assert missing.status_code == 404
+        assert result.json["title"] == missing.json["title"] == "Not found"
+    if case.stranger_check is not None:
+        case.stranger_check(result, world)
+    if case.stranger >= 400 or case.method == "GET":
+        assert _state(pool) == before
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_a_teammate_shares_the_orgs_prompts_and_jobs(
+    client: falcon.testing.TestClient, world: World, pool: ConnectionPool[DictConnection], case: Case,
+) -> None:
+    result = client.simulate_request(case.method, world.fill(case.path), json=_fill(case.body, world),
+                                     headers={**world.teammate, **(case.headers or {})})
+    assert result.status_code == case.teammate, result.text
+    if case.teammate_check is not None:
+        case.teammate_check(result, world)
+
+
+def test_every_scoped_route_has_a_tenancy_case(client: falcon.testing.TestClient) -> None:
+    app = client.app
+    assert isinstance(app, falcon.App)
+    served = set()
+    for route in falcon.inspect.inspect_routes(app):
+        if not route.path.startswith(API_PREFIX + "/") or route.path in PUBLIC_PATHS:
+            continue
+        served |= {(m.method, route.path) for m in route.methods if not m.internal}
+    covered = {(c.method, c.route) for c in CASES} | DELEGATED
+    assert served - covered == set(), "add a tenancy case for these routes"
+    assert covered - served == set(), "these cases name routes the app no longer serves"
+
+
+def _fill(body: dict[str, Any] | None, world: World) -> dict[str, Any] | None:
+    if body is None:
+        return None
+    return {k: world.fill(v) if isinstance(v, str) else v for k, v in body.items()}
+
+
+def _missing(path: str) -> str:
+    return re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", str(uuid.uuid4()), path)
