@@ -86,7 +86,7 @@ class Settings:
     max_prompt_chars: int = 100_000
     pool_max_size: int = 10
     max_body_bytes: int = 1_048_576
-    org_max_queued: int = 10_000
+    org_max_queued: int = 0
     cors_origins: tuple[str, ...] = ()
     org_max_running: int = 0
     metrics_port: int = 0
@@ -122,7 +122,7 @@ class Settings:
             max_prompt_chars=_int(env, "SA_MAX_PROMPT_CHARS", 100_000),
             pool_max_size=_int(env, "SA_POOL_MAX_SIZE", 10),
             max_body_bytes=_int(env, "SA_MAX_BODY_BYTES", 1_048_576),
-            org_max_queued=_int(env, "SA_ORG_MAX_QUEUED", 10_000, minimum=0),
+            org_max_queued=_int(env, "SA_ORG_MAX_QUEUED", 0, minimum=0),
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             metrics_port=_port(env, "SA_METRICS_PORT"),

@@ -92,10 +92,10 @@ def test_the_cap_is_exact_under_concurrent_submits(
     assert counts(pool)["jobs"] == cap
 
 
-def test_zero_means_no_cap_and_bad_values_are_refused() -> None:
+def test_the_cap_is_off_by_default_and_bad_values_are_refused() -> None:
     base = {"DATABASE_URL": "postgresql://x/y"}
-    assert Settings.from_env(base).org_max_queued == 10_000
-    assert Settings.from_env({**base, "SA_ORG_MAX_QUEUED": "0"}).org_max_queued == 0
+    assert Settings.from_env(base).org_max_queued == 0
+    assert Settings.from_env({**base, "SA_ORG_MAX_QUEUED": "500"}).org_max_queued == 500
     for bad in ("-1", "lots", "1.5"):
         with pytest.raises(SettingsError, match="SA_ORG_MAX_QUEUED"):
             Settings.from_env({**base, "SA_ORG_MAX_QUEUED": bad})
