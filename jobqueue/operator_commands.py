@@ -22,6 +22,7 @@ from jobqueue.archive import Archiver
 from jobqueue.db import DictConnection, open_pool
 from jobqueue.errors import JobQueueError
 from jobqueue.inspection import JobDetails, OrgFigures, QueueMetrics, job_details, list_jobs, queue_metrics
+from jobqueue.jsonable import json_default
 from jobqueue.settings import Settings
 from jobqueue.states import JobState
 
@@ -97,16 +98,8 @@ def _job_id(text: str) -> uuid.UUID:
         raise argparse.ArgumentTypeError(f"not a job id (a UUID): {text!r}") from None
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
 def _dumps(document: Any) -> str:
-    return json.dumps(document, default=_json_default, indent=2)
+    return json.dumps(document, default=json_default, indent=2)
 
 
 def _with_pool(action: Callable[[ConnectionPool[DictConnection]], int]) -> int:

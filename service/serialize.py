@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import uuid
-from datetime import datetime
 from functools import partial
 from typing import Any
 
 import falcon
 import falcon.media
+
+from jobqueue.jsonable import json_default
 
 __all__ = ["json_handler", "serialize_error"]
 
@@ -20,14 +20,6 @@ _FALLBACK: dict[int, tuple[str, str]] = {
     404: ("Not found", "Nothing exists at this path (or not in your organization)."),
     405: ("Method not allowed", "This route does not take this method; see the Allow header."),
 }
-
-
-def _default(value: Any) -> Any:
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def _reject_constant(name: str) -> Any:
@@ -46,7 +38,7 @@ def _loads(text: str) -> Any:
 def json_handler() -> falcon.media.JSONHandler:
     """Returns Falcon's JSON handler taught to write UUIDs and ISO 8601 timestamps."""
     return falcon.media.JSONHandler(
-        dumps=partial(json.dumps, default=_default, separators=(",", ":")),
+        dumps=partial(json.dumps, default=json_default, separators=(",", ":")),
         loads=_loads,
     )
 

@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
+from jobqueue.cli import main
 from jobqueue.db import DictConnection, open_pool
 from jobqueue.embedded_db import scratch_database
 from jobqueue.executor import Executor
@@ -93,6 +94,27 @@ def _clean_tables(request: pytest.FixtureRequest) -> None:
     url = request.getfixturevalue("database_url")
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def many_jobs(pool: ConnectionPool[DictConnection]) -> Iterator[DictConnection]:
+    """5,000 queued jobs over 50 orgs in a transaction rolled back afterwards, analyzed, so
+    EXPLAIN shows the plans a real backlog gets."""
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        conn.execute("INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content) "
+                     "SELECT g, 'prompt', (n % 50) + 1, 1, g, 'x' FROM (SELECT gen_random_uuid() AS g, n "
+                     "FROM generate_series(1, 5000) n) s")
+        conn.execute("INSERT INTO sa_job (id, prompt_id, org_id, created_by, priority) "
+                     "SELECT gen_random_uuid(), id, org_id, 1, (random() * 100)::int FROM sa_entity")
+        conn.execute("ANALYZE sa_job")
+        yield conn
+
+
+@pytest.fixture
+def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
+    """`jobqueue.cli.main` with DATABASE_URL pointing at the test database."""
+    monkeypatch.setenv("DATABASE_URL", settings.database_url)
+    return main
 
 
 @pytest.fixture

@@ -13,15 +13,12 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.claim import ClaimedJob, claim
-from jobqueue.cli import main
 from jobqueue.control import Retried, cancel_job, retry_job, retry_prompt
 from jobqueue.db import DictConnection
 from jobqueue.enqueue import enqueue
 from jobqueue.errors import Conflict, NotFound
 from jobqueue.executor import Outcome
-from jobqueue.logs import configure_logging
 from jobqueue.reclaim import Reclaimer
-from jobqueue.settings import Settings
 from jobqueue.tokens import Caller
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 
@@ -61,20 +58,6 @@ def artefacts(pool: ConnectionPool[DictConnection], job_id: Any) -> dict[str, in
         "audit": fetch_one(pool, "SELECT count(*) AS n FROM sa_audit WHERE job_id = %s", job_id)["n"],
         "edges": fetch_one(pool, "SELECT count(*) AS n FROM sa_edge")["n"],
     }
-
-
-@pytest.fixture
-def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
-    """`jobqueue.cli.main` with DATABASE_URL set; request it before `capsys`.
-
-    NOTE: `configure_logging` binds structlog to the sys.stdout of the moment and loggers cache
-    it on first use; under `capsys` that stream is closed after the test, and any later log
-    call (other tests' threads) would fail. Bind it here, before `capsys` replaces the stream.
-    """
-    configure_logging()
-    monkeypatch.setattr("jobqueue.cli.configure_logging", lambda: None)
-    monkeypatch.setenv("DATABASE_URL", settings.database_url)
-    return main
 
 
 # --- cancel -------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from jobqueue.queries import metrics as metrics_q
 from jobqueue.settings import Settings, SettingsError
 from jobqueue.tokens import Caller, create_token
 from tests.conftest import WorkerHarness, fetch_one, wait_for
-from tests.helpers import submit
+from tests.helpers import plan_nodes, submit
 
 REPO = Path(__file__).resolve().parent.parent
 API = "/sa-core/v1"
@@ -156,22 +156,17 @@ def test_the_scrape_time_depth_read_touches_only_the_partial_indexes(
         conn.execute("UPDATE sa_job SET state = 'failed' WHERE state = 'running' AND ctid IN "
                      "(SELECT ctid FROM sa_job WHERE state = 'running' LIMIT 5900)")
         conn.execute("ANALYZE sa_job")
-        row = conn.execute("EXPLAIN (FORMAT JSON) " + metrics_q.JOB_QUEUE_DEPTH).fetchone()
+        nodes = plan_nodes(conn, metrics_q.JOB_QUEUE_DEPTH)
         partial = {r["name"]: r["predicate"] for r in conn.execute(
             "SELECT indexrelid::regclass::text AS name, pg_get_expr(indpred, indrelid) AS predicate "
             "FROM pg_index WHERE indrelid = 'sa_job'::regclass AND indpred IS NOT NULL").fetchall()}
-    assert row is not None
     active = {name for name, predicate in partial.items()
               if predicate in ("(state = 'queued'::text)", "(state = 'running'::text)")}
     assert {"sa_job_claim_idx", "sa_job_worker_claim_idx", "sa_job_heartbeat_idx"} <= active
-    nodes = _nodes(row["QUERY PLAN"][0]["Plan"])
     scans = {(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "sa_job"}
     assert scans, nodes
     assert all(index in active for _, index in scans), scans
 
-
-def _nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node] + [n for child in node.get("Plans", []) for n in _nodes(child)]
 
 
 def test_metrics_port_setting_is_validated() -> None:

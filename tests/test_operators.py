@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,27 +14,15 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.archive import ArchiveCounts, Archiver
-from jobqueue.cli import main
 from jobqueue.db import DictConnection
-from jobqueue.logs import configure_logging
 from jobqueue.operator_commands import parse_instant
 from jobqueue.queries import archive as archive_q
 from jobqueue.queries import inspection as inspection_q
-from jobqueue.settings import Settings
 from jobqueue.tokens import Caller
 from tests.conftest import fetch_all, fetch_one
 from tests.scenario import Scenario
 
 Cli = Callable[[list[str]], int]
-
-
-@pytest.fixture
-def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Cli:
-    """`jobqueue.cli.main` with DATABASE_URL set; request it before `capsys` (see test_cancel_retry)."""
-    configure_logging()
-    monkeypatch.setattr("jobqueue.cli.configure_logging", lambda: None)
-    monkeypatch.setenv("DATABASE_URL", settings.database_url)
-    return main
 
 
 @pytest.fixture
@@ -350,19 +338,6 @@ def _plan(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any])
     row = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
     assert row is not None
     return json.dumps(row)
-
-
-@pytest.fixture
-def many_jobs(pool: ConnectionPool[DictConnection]) -> Iterator[psycopg.Connection[Any]]:
-    """5,000 jobs in a transaction rolled back afterwards, analyzed, so plans are realistic."""
-    with pool.connection() as conn, conn.transaction(force_rollback=True):
-        conn.execute("INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content) "
-                     "SELECT g, 'prompt', 1, 1, g, 'x' FROM (SELECT gen_random_uuid() AS g "
-                     "FROM generate_series(1, 5000)) s")
-        conn.execute("INSERT INTO sa_job (id, prompt_id, org_id, created_by, priority) "
-                     "SELECT gen_random_uuid(), id, 1, 1, (random() * 100)::int FROM sa_entity")
-        conn.execute("ANALYZE sa_job")
-        yield conn
 
 
 def test_archive_and_list_walk_the_created_index(many_jobs: psycopg.Connection[Any]) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import uuid
 from dataclasses import replace
-from typing import Any
 
 import falcon.testing
 import pytest
@@ -21,6 +20,7 @@ from jobqueue.settings import Settings, SettingsError
 from jobqueue.tokens import create_token
 from service.app import create_app
 from tests.conftest import fetch_one
+from tests.helpers import plan_nodes
 
 PROMPT = "/sa-core/v1/prompt"
 
@@ -108,25 +108,13 @@ def test_uncapped_submits_are_not_limited(settings: Settings, pool: ConnectionPo
         assert client.simulate_post(PROMPT, json={"text": f"{i}"}, headers=auth).status_code == 202
 
 
-def test_the_cap_count_is_served_by_the_queued_index(pool: ConnectionPool[DictConnection]) -> None:
-    with pool.connection() as conn, conn.transaction(force_rollback=True):
-        conn.execute("INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content) "
-                     "SELECT g, 'prompt', (n % 50) + 1, 1, g, 'x' FROM (SELECT gen_random_uuid() AS g, n "
-                     "FROM generate_series(1, 5000) n) s")
-        conn.execute("INSERT INTO sa_job (id, prompt_id, org_id, created_by) "
-                     "SELECT gen_random_uuid(), id, org_id, 1 FROM sa_entity")
-        conn.execute("UPDATE sa_job SET state = 'cancelled' WHERE random() < 0.9")
-        conn.execute("ANALYZE sa_job")
-        plan = conn.execute("EXPLAIN (FORMAT JSON) " + entity_q.PROMPT_INSERT_WITH_JOB, {
-            "parent_id": None, "org_id": 7, "user_id": 1, "text": "x", "priority": 50,
-            "max_attempts": 3, "options": Jsonb({}), "max_queued": 10_000, "idempotency_key": "k",
-            "request_hash": b"\0" * 32, "key_ttl": 86400, "prompt_id": uuid.uuid4(),
-            "job_id": uuid.uuid4()}).fetchone()
-    assert plan is not None
-    nodes = _plan_nodes(plan["QUERY PLAN"][0]["Plan"])
+def test_the_cap_count_is_served_by_the_queued_index(many_jobs: DictConnection) -> None:
+    many_jobs.execute("UPDATE sa_job SET state = 'cancelled' WHERE random() < 0.9")
+    many_jobs.execute("ANALYZE sa_job")
+    nodes = plan_nodes(many_jobs, entity_q.PROMPT_INSERT_WITH_JOB, {
+        "parent_id": None, "org_id": 7, "user_id": 1, "text": "x", "priority": 50,
+        "max_attempts": 3, "options": Jsonb({}), "max_queued": 10_000, "idempotency_key": "k",
+        "request_hash": b"\0" * 32, "key_ttl": 86400, "prompt_id": uuid.uuid4(),
+        "job_id": uuid.uuid4()})
     assert "sa_job_org_queued_idx" in {n.get("Index Name") for n in nodes}, nodes
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "sa_job"]
-
-
-def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]

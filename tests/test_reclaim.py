@@ -17,14 +17,11 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.claim import ClaimedJob, claim
-from jobqueue.cli import main
 from jobqueue.db import DictConnection
 from jobqueue.enqueue import enqueue
-from jobqueue.logs import configure_logging
 from jobqueue.maintenance import MaintenanceLeader
 from jobqueue.queries import maintenance as mq
 from jobqueue.reclaim import ReclaimCounts, Reclaimer
-from jobqueue.settings import Settings
 from jobqueue.tokens import Caller
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 
@@ -56,20 +53,6 @@ def transitions(pool: ConnectionPool[DictConnection], job_id: Any) -> list[tuple
     rows = fetch_all(pool, "SELECT from_state, to_state, attempt, error_kind FROM sa_job_event "
                            "WHERE job_id = %s ORDER BY id", job_id)
     return [(r["from_state"], r["to_state"], r["attempt"], r["error_kind"]) for r in rows]
-
-
-@pytest.fixture
-def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
-    """`jobqueue.cli.main` with DATABASE_URL set; request it before `capsys`.
-
-    NOTE: `configure_logging` binds structlog to the sys.stdout of the moment and loggers cache
-    it on first use; under `capsys` that stream is closed after the test, and any later log
-    call (other tests' threads) would fail. Bind it here, before `capsys` replaces the stream.
-    """
-    configure_logging()
-    monkeypatch.setattr("jobqueue.cli.configure_logging", lambda: None)
-    monkeypatch.setenv("DATABASE_URL", settings.database_url)
-    return main
 
 
 @pytest.fixture

@@ -9,7 +9,6 @@ import sys
 import threading
 import uuid
 from pathlib import Path
-from typing import Any
 
 import falcon.testing
 import psycopg
@@ -24,7 +23,7 @@ from jobqueue.queries import job as job_q
 from jobqueue.settings import Settings
 from jobqueue.tokens import Caller
 from tests.conftest import fetch_one, wait_for
-from tests.helpers import submit
+from tests.helpers import plan_nodes, submit
 
 WRITES = """
 SELECT (SELECT count(*) FROM sa_entity WHERE kind = 'response') AS responses,
@@ -77,25 +76,12 @@ def test_two_workers_finalizing_the_same_job_leave_one_response(
     assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
 
 
-def test_claim_is_served_by_the_partial_claim_index(pool: ConnectionPool[DictConnection]) -> None:
-    with pool.connection() as conn, conn.transaction(force_rollback=True):
-        conn.execute("INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content) "
-                     "SELECT g, 'prompt', 1, 1, g, 'x' FROM (SELECT gen_random_uuid() AS g "
-                     "FROM generate_series(1, 5000)) s")
-        conn.execute("INSERT INTO sa_job (id, prompt_id, org_id, created_by, priority) "
-                     "SELECT gen_random_uuid(), id, 1, 1, (random() * 100)::int FROM sa_entity")
-        conn.execute("ANALYZE sa_job")
-        plan = conn.execute("EXPLAIN (FORMAT JSON) " + job_q.JOB_CLAIM_MANY,  # type: ignore[operator]
-                            {"claim": "w", "limit": 8, "ceiling": 100, "default_depth": 10}).fetchone()
-    assert plan is not None
-    scans = [(n["Node Type"], n.get("Index Name")) for n in _plan_nodes(plan["QUERY PLAN"][0]["Plan"])
-             if n.get("Relation Name") == "sa_job"]
+def test_claim_is_served_by_the_partial_claim_index(many_jobs: DictConnection) -> None:
+    nodes = plan_nodes(many_jobs, job_q.JOB_CLAIM_MANY,
+                       {"claim": "w", "limit": 8, "ceiling": 100, "default_depth": 10})
+    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "sa_job"]
     assert ("Index Scan", "sa_job_claim_idx") in scans
     assert all(node != "Seq Scan" for node, _ in scans)
-
-
-def _plan_nodes(node: dict[str, Any]) -> list[dict[str, Any]]:
-    return [node] + [n for child in node.get("Plans", []) for n in _plan_nodes(child)]
 
 
 def test_sigterm_finishes_in_flight_work_releases_the_rest_and_exits_zero(
