@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 from typing import Any
 
 import falcon
@@ -88,8 +89,12 @@ def create_app(
     """
     configure_logging()
     settings = settings or Settings.from_env()
-    pool = pool or open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
-                             checkout_timeout=5.0)
+    if pool is None:
+        pool = open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
+                         checkout_timeout=5.0)
+        # NOTE: closed at exit, not left to the garbage collector: under gevent a pool finalized
+        # during interpreter shutdown fails to join its worker threads and prints a traceback.
+        atexit.register(pool.close)
     # NOTE: the request context comes first, so its request id, log line and latency cover auth too.
     # Body limits run before auth, so an oversized or non-JSON body costs no token lookup.
     cors = cors_middleware(settings.cors_origins)
