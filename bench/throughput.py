@@ -1,0 +1,156 @@
+"""Jobs per second burning down a backlog, by worker processes x concurrency, and commits per job.
+
+Usage: .venv/bin/python -m bench.throughput [--jobs 5000] [--procs 1,4] [--concurrency 1,8,32]
+       [--rounds 1]
+
+For each (processes, concurrency): a scratch database with `--jobs` queued prompts (written by one
+INSERT statement), `sa-core fake-provider` in its own process (answers at once), then N x
+`sa-core run-worker --concurrency C`. Time runs from the workers' start (their start-up
+included) until every job has succeeded, polled every 50 ms. Rounds are interleaved.
+
+Cost per job comes from the scratch database's `pg_stat_database` (`xact_commit`, `tup_inserted`,
+`tup_updated`), read before the workers start and after they and the poller have exited (a
+backend flushes its counters on exit); this script's own polls are subtracted. The worker's
+statements (claim, heartbeat, finalize, ...) each run as one autocommit statement, so commits
+equal database round trips (read-only ones included; connection checks excepted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+
+from bench.common import VENV_BIN, scratch_database, spawn, wait_http
+
+BACKLOG = """
+WITH p AS (
+    INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)
+    SELECT g, 'prompt', 1, 1, g, 'bench prompt ' || n
+      FROM (SELECT gen_random_uuid() AS g, n FROM generate_series(1, %s) n) s
+    RETURNING id
+)
+INSERT INTO sa_job (id, prompt_id, org_id, created_by) SELECT gen_random_uuid(), id, 1, 1 FROM p
+"""
+DONE = "SELECT count(*) FROM sa_job WHERE state = 'succeeded'"
+STATS = """
+SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()
+"""
+
+
+@dataclass
+class Cell:
+    """Per-round results of one (processes, concurrency) pair."""
+
+    procs: int
+    concurrency: int
+    seconds: list[float] = field(default_factory=list)
+    commits: list[float] = field(default_factory=list)
+    inserted: list[float] = field(default_factory=list)
+    updated: list[float] = field(default_factory=list)
+
+
+def read_stats(url: str) -> tuple[int, int, int]:
+    """The database's cumulative commit / insert / update counters (a fresh snapshot)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = conn.execute(STATS).fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+def run_once(cell: Cell, jobs: int, provider_port: int) -> None:
+    """One burn-down on a fresh database; appends its figures to `cell`."""
+    with scratch_database() as url:
+        provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(provider_port)], {})
+        workers = []
+        try:
+            wait_http(f"http://127.0.0.1:{provider_port}/healthz")
+            with psycopg.connect(url, autocommit=True) as conn:
+                conn.execute(BACKLOG, (jobs,))
+            time.sleep(1.0)  # let the backlog's backend flush its counters
+            before = read_stats(url)
+            env = {"DATABASE_URL": url, "SA_PROVIDER_URL": f"http://127.0.0.1:{provider_port}"}
+            polls = 0
+            with psycopg.connect(url, autocommit=True) as poller:
+                started = time.monotonic()
+                workers = [spawn([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
+                                  str(cell.concurrency)], env) for _ in range(cell.procs)]
+                while True:
+                    row = poller.execute(DONE).fetchone()
+                    polls += 1
+                    if row is not None and row[0] >= jobs:
+                        break
+                    time.sleep(0.05)
+                elapsed = time.monotonic() - started
+            for proc in workers:
+                proc.terminate()
+            for proc in workers:
+                proc.wait(timeout=60)
+            time.sleep(1.0)  # exiting backends flush their counters
+            after = read_stats(url)
+        finally:
+            for proc in [*workers, provider]:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in [*workers, provider]:
+                proc.wait(timeout=60)
+    # Subtract this script's polls and the `before` read (each one commit).
+    cell.seconds.append(elapsed)
+    cell.commits.append((after[0] - before[0] - polls - 1) / jobs)
+    cell.inserted.append((after[1] - before[1]) / jobs)
+    cell.updated.append((after[2] - before[2]) / jobs)
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def table(cells: Sequence[Cell], jobs: int) -> str:
+    """Formats the cells in bench/peers.py's style (medians over rounds)."""
+    head = ["procs", "concurrency", "seconds", "jobs/s", "commits/job", "inserts/job", "updates/job"]
+    lines = [head]
+    med = statistics.median
+    for c in cells:
+        seconds = med(c.seconds)
+        lines.append([str(c.procs), str(c.concurrency), f"{seconds:.2f}", f"{jobs / seconds:,.0f}",
+                      f"{med(c.commits):.2f}", f"{med(c.inserted):.2f}", f"{med(c.updated):.2f}"])
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--procs", default="1,4", help="worker processes, comma-separated")
+    parser.add_argument("--concurrency", default="1,8,32", help="--concurrency per worker, comma-separated")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--provider-port", type=int, default=8766)
+    args = parser.parse_args()
+    cells = [Cell(p, c) for p in _ints(args.procs) for c in _ints(args.concurrency)]
+    for round_no in range(1, args.rounds + 1):
+        for cell in cells:
+            run_once(cell, args.jobs, args.provider_port)
+            print(f"round {round_no} procs {cell.procs} concurrency {cell.concurrency}: "
+                  f"{cell.seconds[-1]:.2f} s, {args.jobs / cell.seconds[-1]:,.0f} jobs/s, "
+                  f"{cell.commits[-1]:.2f} commits/job", flush=True, file=sys.stderr)
+    print(f"{args.jobs} queued prompts burnt down by `sa-core run-worker` against `sa-core fake-provider`; "
+          f"median of {args.rounds} interleaved round(s)")
+    print()
+    print(table(cells, args.jobs))
+    print()
+    print("seconds: worker start (start-up included) -> all jobs succeeded. commits/job: "
+          "pg_stat_database xact_commit delta / jobs, this script's polls excluded;")
+    print("every worker statement is one autocommit statement, so commits ~= database round trips.")
+
+
+if __name__ == "__main__":
+    main()
