@@ -8,14 +8,26 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
 
 from jobqueue import embedded_db
+from jobqueue.db import open_pool
+from jobqueue.tokens import create_token
 
-__all__ = ["REPO", "VENV_BIN", "percentile", "scratch_database", "spawn", "wait_http"]
+__all__ = [
+    "REPO",
+    "VENV_BIN",
+    "bench_token",
+    "format_table",
+    "percentile",
+    "scratch_database",
+    "spawn",
+    "wait_http",
+    "web_server",
+]
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
@@ -48,3 +60,38 @@ def percentile(values: Sequence[float], q: float) -> float:
     if len(values) == 1:
         return values[0]
     return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if q < 100 else max(values)
+
+
+def bench_token(database_url: str) -> str:
+    """Creates a token for org 1, user 1 in the bench database."""
+    pool = open_pool(database_url, name="bench-token", max_size=1)
+    try:
+        return create_token(pool, 1, 1)
+    finally:
+        pool.close()
+
+
+@contextlib.contextmanager
+def web_server(env: dict[str, str], port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """Runs the web exactly as the Procfile's `web:` line, on `port`, until the block ends.
+
+    `env` carries DATABASE_URL (and any other setting); yields the gunicorn master process.
+    """
+    web = spawn([str(VENV_BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
+                {**env, "PORT": str(port)})
+    try:
+        wait_http(f"http://127.0.0.1:{port}/readyz")
+        yield web
+    finally:
+        web.terminate()
+        web.wait(timeout=60)
+
+
+def format_table(lines: Sequence[Sequence[str]], left: int = 0) -> str:
+    """Aligns rows (the first is the header) under a rule; the first `left` columns left-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    out = ["  ".join(cell.ljust(w) if i < left else cell.rjust(w)
+                     for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
+           for line in lines]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(out)

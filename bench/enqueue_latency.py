@@ -11,9 +11,7 @@ import time
 
 import httpx
 
-from bench.common import VENV_BIN, percentile, scratch_database, spawn, wait_http
-from jobqueue.db import open_pool
-from jobqueue.tokens import create_token
+from bench.common import bench_token, percentile, scratch_database, web_server
 
 
 def main() -> None:
@@ -22,14 +20,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args()
     with scratch_database() as url:
-        pool = open_pool(url, name="bench", max_size=1)
-        token = create_token(pool, 1, 1)
-        pool.close()
-        web = spawn([str(VENV_BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
-                    {"DATABASE_URL": url, "PORT": str(args.port)})
-        try:
+        token = bench_token(url)
+        with web_server({"DATABASE_URL": url}, args.port):
             base = f"http://127.0.0.1:{args.port}"
-            wait_http(f"{base}/readyz")
             headers = {"Authorization": f"Bearer {token}"}
             latencies: list[float] = []
             with httpx.Client(base_url=base, headers=headers) as client:
@@ -40,9 +33,6 @@ def main() -> None:
                     response = client.post("/sa-core/v1/prompt", json={"text": f"bench {i}"})
                     latencies.append((time.perf_counter() - started) * 1000)
                     assert response.status_code == 202, response.text
-        finally:
-            web.terminate()
-            web.wait(timeout=30)
     print(f"POST /prompt, {args.requests} sequential requests over keep-alive, gunicorn per Procfile")
     print(f"median {statistics.median(latencies):.2f} ms  p99 {percentile(latencies, 99):.2f} ms  "
           f"max {max(latencies):.2f} ms")

@@ -38,9 +38,7 @@ from typing import Any
 
 import httpx
 
-from bench.common import REPO, VENV_BIN, percentile, scratch_database, spawn, wait_http
-from jobqueue.db import open_pool
-from jobqueue.tokens import create_token
+from bench.common import REPO, bench_token, format_table, percentile, scratch_database, web_server
 
 PROMPT = "/sa-core/v1/prompt"
 
@@ -211,10 +209,7 @@ def table(rows: list[Row]) -> str:
                       f"{med(r.achieved):,.0f}" if r.achieved else "-",
                       f"{med(r.p50):.1f}" if r.p50 else "-", f"{med(r.p99):.1f}" if r.p99 else "-",
                       f"{r.worst:.1f}", str(r.errors), f"{r.requests:,}"])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return format_table(lines)
 
 
 def main() -> None:
@@ -244,14 +239,9 @@ def main() -> None:
     rows = [Row(rate) for rate in rates]
     fixed = [float(r) for r in rates if r != "max"]
     with scratch_database() as url:
-        pool = open_pool(url, name="bench", max_size=1)
-        token = create_token(pool, 1, 1)
-        pool.close()
-        web = spawn([str(VENV_BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
-                    {"DATABASE_URL": url, "PORT": str(args.port)})
-        try:
+        token = bench_token(url)
+        with web_server({"DATABASE_URL": url}, args.port):
             base = f"http://127.0.0.1:{args.port}"
-            wait_http(f"{base}/readyz")
             check = None
             if fixed:
                 check = run_rate(args, base, token, str(max(fixed)), path="/healthz")
@@ -269,9 +259,6 @@ def main() -> None:
                     print(f"round {round_no} rate {row.rate}: {res['achieved']:,.0f}/s, "
                           f"p50 {row.p50[-1] if lat else 0:.1f} ms, send lag p99 "
                           f"{res['lag_p99']:.1f} ms", file=sys.stderr, flush=True)
-        finally:
-            web.terminate()
-            web.wait(timeout=60)
     print(f"POST /prompt through gunicorn per Procfile (gevent, WEB_CONCURRENCY="
           f"{os.environ.get('WEB_CONCURRENCY', '2')}); {args.generators} generator process(es), "
           f"{args.threads} open-loop threads, {args.connections} connections for max; "

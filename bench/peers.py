@@ -49,7 +49,7 @@ import psycopg
 import structlog
 from psycopg.conninfo import conninfo_to_dict
 
-from bench.common import REPO, percentile, scratch_database
+from bench.common import REPO, format_table, percentile, scratch_database
 from jobqueue.embedded_db import admin_conninfo
 
 RUNNERS = REPO / "bench" / "peer_runners"
@@ -278,12 +278,7 @@ def table(rows: list[Contender], args: argparse.Namespace) -> str:
         lines.append([c.name, version, _fmt_range(c.enqueue_per_s), _fmt_range(c.jobs_per_s),
                       ratio, p50, p99, str(len(c.pickup_ms))])
         notes += [f"{c.name}: {failure}" for failure in c.failures]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = ["  ".join(cell.ljust(w) if i < 2 else cell.rjust(w)
-                     for i, (cell, w) in enumerate(zip(line, widths, strict=True)))
-           for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    out.append("")
+    out = [format_table(lines, left=2), ""]
     out.append(f"enqueue/s and jobs/s: median (min-max) of {args.rounds} interleaved round(s), "
                f"{args.jobs} jobs each; vs sa-core = burn-down median / sa-core's (full jobs).")
     out.append("pick-up: enqueue commit -> task start, p50/p99 over all n samples of all rounds;")

@@ -32,9 +32,8 @@ from pathlib import Path
 import httpx
 import psycopg
 
-from bench.common import VENV_BIN, percentile, scratch_database, spawn, wait_http
+from bench.common import VENV_BIN, bench_token, percentile, scratch_database, spawn, wait_http, web_server
 from jobqueue.db import open_pool
-from jobqueue.tokens import create_token
 
 EVENTS = "/sa-core/v1/mission/events"
 ENQUEUE_TO_RUNNING = """
@@ -232,26 +231,21 @@ def main() -> None:
     parser.add_argument("--provider-port", type=int, default=8768)
     args = parser.parse_args()
     with scratch_database() as url:
-        pool = open_pool(url, name="bench", max_size=1)
-        token = create_token(pool, 1, 1)
-        pool.close()
+        token = bench_token(url)
         provider_url = f"http://127.0.0.1:{args.provider_port}"
         provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(args.provider_port)], {})
-        env = {"DATABASE_URL": url, "PORT": str(args.port), "WEB_CONCURRENCY": "1",
-               "SA_PROVIDER_URL": provider_url}
-        web = spawn([str(VENV_BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
-                    env)
+        env = {"DATABASE_URL": url, "WEB_CONCURRENCY": "1", "SA_PROVIDER_URL": provider_url}
         worker = spawn([str(VENV_BIN / "sa-core"), "run-worker"], env)
         try:
             wait_http(f"{provider_url}/healthz")
-            wait_http(f"http://127.0.0.1:{args.port}/readyz")
-            print(f"one gunicorn worker process ({os.environ.get('SA_WEB_WORKER_CLASS', 'gevent')}), "
-                  "one `sa-core run-worker` (LISTEN wake-up), fake provider without latency")
-            asyncio.run(run(args, url, token, web.pid))
+            with web_server(env, args.port) as web:
+                print(f"one gunicorn worker process ({os.environ.get('SA_WEB_WORKER_CLASS', 'gevent')}), "
+                      "one `sa-core run-worker` (LISTEN wake-up), fake provider without latency")
+                asyncio.run(run(args, url, token, web.pid))
         finally:
-            for proc in (worker, web, provider):
+            for proc in (worker, provider):
                 proc.terminate()
-            for proc in (worker, web, provider):
+            for proc in (worker, provider):
                 proc.wait(timeout=30)
 
 

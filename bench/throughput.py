@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 
-from bench.common import VENV_BIN, scratch_database, spawn, wait_http
+from bench.common import VENV_BIN, format_table, scratch_database, spawn, wait_http
 
 BACKLOG = """
 WITH p AS (
@@ -120,10 +120,7 @@ def table(cells: Sequence[Cell], jobs: int) -> str:
         seconds = med(c.seconds)
         lines.append([str(c.procs), str(c.concurrency), f"{seconds:.2f}", f"{jobs / seconds:,.0f}",
                       f"{med(c.commits):.2f}", f"{med(c.inserted):.2f}", f"{med(c.updated):.2f}"])
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = ["  ".join(cell.rjust(w) for cell, w in zip(line, widths, strict=True)) for line in lines]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(out)
+    return format_table(lines)
 
 
 def main() -> None:

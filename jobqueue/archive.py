@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -20,7 +19,7 @@ from typing import Any
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
+from jobqueue.db import DictConnection, borrow
 from jobqueue.queries import archive as q
 from jobqueue.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 
@@ -87,14 +86,6 @@ class Archiver:
         self.config = config or Archiver.Config()
         self.on_batch = on_batch
 
-    @contextmanager
-    def _connection(self) -> Iterator[DictConnection]:
-        if isinstance(self._db, ConnectionPool):
-            with self._db.connection() as conn:
-                yield conn
-        else:
-            yield self._db
-
     def run_once(self, before: datetime, *, dry_run: bool = False) -> ArchiveCounts:
         """Archives every finished prompt family last changed before `before`, batch by batch.
 
@@ -113,7 +104,7 @@ class Archiver:
         timeout = {"timeout_ms": str(max(1, round(cfg.statement_timeout * 1000)))}
         cursor: dict[str, Any] = {"after_created_at": _FIRST_INSTANT, "after_id": _FIRST_ID}
         total = ArchiveCounts()
-        with self._connection() as conn:
+        with borrow(self._db) as conn:
             while True:
                 with conn.transaction(force_rollback=dry_run):
                     conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from psycopg import Connection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-__all__ = ["DictConnection", "open_pool"]
+__all__ = ["DictConnection", "borrow", "open_pool"]
 
 DictConnection = Connection[DictRow]
 
@@ -51,3 +54,16 @@ def open_pool(
     )
     pool.open(wait=True, timeout=timeout)
     return pool
+
+
+@contextmanager
+def borrow(db: ConnectionPool[DictConnection] | DictConnection) -> Iterator[DictConnection]:
+    """Yields a connection: one taken from `db` for the block when it is a pool, else `db` itself.
+
+    Maintenance loops take either, so the leader can run them on its own session connection.
+    """
+    if isinstance(db, ConnectionPool):
+        with db.connection() as conn:
+            yield conn
+    else:
+        yield db

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -12,7 +10,7 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue import metrics
-from jobqueue.db import DictConnection
+from jobqueue.db import DictConnection, borrow
 from jobqueue.queries import maintenance as q
 from jobqueue.settings import Settings
 
@@ -78,14 +76,6 @@ class Reclaimer:
         self._db = db
         self.config = config
 
-    @contextmanager
-    def _connection(self) -> Iterator[DictConnection]:
-        if isinstance(self._db, ConnectionPool):
-            with self._db.connection() as conn:
-                yield conn
-        else:
-            yield self._db
-
     def run_once(self, now: datetime | None = None) -> ReclaimCounts:
         """Reclaims every stale running job, page by page, until a short page.
 
@@ -108,7 +98,7 @@ class Reclaimer:
         }
         timeout = {"timeout_ms": str(max(1, round(cfg.statement_timeout * 1000)))}
         counts = ReclaimCounts()
-        with self._connection() as conn:
+        with borrow(self._db) as conn:
             while True:
                 with conn.transaction():
                     conn.execute(q.MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
