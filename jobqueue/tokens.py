@@ -123,14 +123,15 @@ def revoke_token(pool: ConnectionPool[DictConnection], token_or_id: str) -> Revo
     Returns:
         The revoked token's row, or None when no token matches.
     """
+    params: dict[str, object] = {"id": None, "token_hash": None}
+    if token_or_id.isascii() and token_or_id.isdigit():
+        if int(token_or_id) > 2**63 - 1:
+            return None
+        params["id"] = int(token_or_id)
+    else:
+        params["token_hash"] = hash_token(token_or_id)
     with pool.connection() as conn:
-        if token_or_id.isascii() and token_or_id.isdigit():
-            if int(token_or_id) > 2**63 - 1:
-                return None
-            row = conn.execute(q.TOKEN_REVOKE_BY_ID, {"id": int(token_or_id)}).fetchone()
-        else:
-            row = conn.execute(q.TOKEN_REVOKE_BY_HASH,
-                               {"token_hash": hash_token(token_or_id)}).fetchone()
+        row = conn.execute(q.TOKEN_REVOKE, params).fetchone()
     if row is None:
         return None
     return RevokedToken(id=row["id"], org_id=row["org_id"], user_id=row["user_id"],

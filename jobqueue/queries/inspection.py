@@ -11,11 +11,7 @@ __all__ = [
     "LEDGER_LIST_FOR_JOB_ANY_ORG",
 ]
 
-_JOB_COLUMNS = """
-id, prompt_id, state, priority, attempt, max_attempts, execution_options, worker_claim,
-claimed_at, started_at, running_heartbeat_at, finished_at, response_id, error_kind,
-error_message, supersedes, org_id, created_by, scheduled_for, created_at, updated_at
-"""
+from jobqueue.queries.job import JOB_COLUMNS as _JOB_COLUMNS
 
 # served by sa_job_created_idx (created_at, id) (0002_archive.sql), scanned backwards (newest
 # first) and stopped after `limit`; the optional filters are checked on the way. NULL means

@@ -166,39 +166,23 @@ WITH job AS (
     + "SELECT id FROM job"
 )
 
+
+
+def _finish_if_claimed(set_clause: str) -> str:
+    """Builds (at import) a claim-guarded finishing UPDATE plus its ledger row; answers the id."""
+    return ("WITH job AS (\n    UPDATE sa_job\n       SET " + set_clause + _GUARD
+            + "    RETURNING id, org_id\n), " + _LEDGER + "SELECT id FROM job")
+
+
 # served by sa_job_pkey (id). `delay` is seconds from the decision, computed by policy.
-JOB_REQUEUE_IF_CLAIMED = (
-    """
-WITH job AS (
-    UPDATE sa_job
-       SET state = 'queued', attempt = attempt + 1, worker_claim = NULL,
+JOB_REQUEUE_IF_CLAIMED = _finish_if_claimed("""state = 'queued', attempt = attempt + 1, worker_claim = NULL,
            running_heartbeat_at = NULL,
            scheduled_for = now() + make_interval(secs => %(delay)s),
-           error_kind = %(error_kind)s, error_message = %(error_message)s
-"""
-    + _GUARD
-    + """
-    RETURNING id, org_id
-), """
-    + _LEDGER
-    + "SELECT id FROM job"
-)
+           error_kind = %(error_kind)s, error_message = %(error_message)s""")
 
 # served by sa_job_pkey (id)
-JOB_FAIL_IF_CLAIMED = (
-    """
-WITH job AS (
-    UPDATE sa_job
-       SET state = 'failed', finished_at = now(),
-           error_kind = %(error_kind)s, error_message = %(error_message)s
-"""
-    + _GUARD
-    + """
-    RETURNING id, org_id
-), """
-    + _LEDGER
-    + "SELECT id FROM job"
-)
+JOB_FAIL_IF_CLAIMED = _finish_if_claimed("""state = 'failed', finished_at = now(),
+           error_kind = %(error_kind)s, error_message = %(error_message)s""")
 
 # served by sa_job_pkey (id). Only the jobs the worker is still running are refreshed, so
 # a job whose thread died loses its heartbeat and is reclaimed. Rows not returned are no

@@ -1,6 +1,6 @@
 """Statements on sa_api_token."""
 
-__all__ = ["TOKEN_GET_ACTIVE", "TOKEN_INSERT", "TOKEN_REVOKE_BY_HASH", "TOKEN_REVOKE_BY_ID"]
+__all__ = ["TOKEN_GET_ACTIVE", "TOKEN_INSERT", "TOKEN_REVOKE", "TOKEN_REVOKE_BY_HASH"]
 
 TOKEN_INSERT = """
 INSERT INTO sa_api_token (token_hash, org_id, user_id, label, expires_at)
@@ -18,11 +18,14 @@ SELECT org_id, user_id, token_hash
    AND (expires_at IS NULL OR expires_at > now())
 """
 
-# served by sa_api_token_pkey (id). A token already revoked keeps its first revocation time;
-# `newly` says whether this call revoked it.
-TOKEN_REVOKE_BY_ID = """
+# served by sa_api_token_pkey (id) or sa_api_token_hash_unique (token_hash): the caller
+# passes one of `id` and `token_hash`, the other NULL. A token already revoked keeps its first
+# revocation time; `newly` says whether this call revoked it.
+TOKEN_REVOKE = """
 WITH target AS (
-    SELECT id, revoked_at FROM sa_api_token WHERE id = %(id)s FOR UPDATE
+    SELECT id, revoked_at FROM sa_api_token
+     WHERE id = %(id)s OR token_hash = %(token_hash)s
+       FOR UPDATE
 )
 UPDATE sa_api_token t
    SET revoked_at = coalesce(target.revoked_at, now())
