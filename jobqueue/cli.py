@@ -47,8 +47,7 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
     if not settings.provider_url:
         raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
     pool = open_pool(settings.database_url, name="worker", max_size=config.concurrency + 3)
-    provider = Provider(settings.provider_url, settings.provider_api_key,
-                        settings.provider_timeout, max_connections=config.concurrency * 2)
+    provider = Provider(settings.provider_url, settings.provider_api_key, settings.provider_timeout)
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     executor = Executor(pool, provider, settings.provider_model, backoff)

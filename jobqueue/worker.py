@@ -1,8 +1,9 @@
-"""The worker loop: claim as many jobs as there are free slots, run each in a thread, heartbeat them."""
+"""The worker loop: claim as many jobs as there are free slots, hand them to job threads, heartbeat them."""
 
 from __future__ import annotations
 
 import os
+import queue
 import socket
 import threading
 import time
@@ -93,6 +94,9 @@ class Worker:
         self._idle = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._next_due: float | None = None
+        self._runs: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
+        self._runners: list[threading.Thread] = []
+        self._idle_runners = 0
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
         self.claim_failures = 0
@@ -184,9 +188,29 @@ class Worker:
             run = _Run(job)
             with self._lock:
                 self._inflight[job.id] = run
-            threading.Thread(target=self._run_job, args=(run,), name=f"sa-job-{job.id}",
-                             daemon=True).start()
+                start_runner = self._idle_runners == 0
+                if not start_runner:
+                    self._idle_runners -= 1
+            if start_runner:
+                self._start_runner()
+            self._runs.put(run)
         return len(jobs) == limit
+
+    def _start_runner(self) -> None:
+        """Adds a job thread; called only when none is idle.
+
+        PERF: job threads outlive their jobs, so a job costs no thread start and each thread keeps
+        its provider connection. An abandoned job's thread stays busy until its call returns, so
+        the pool grows past `concurrency` by the number of such calls still hanging.
+        """
+        runner = threading.Thread(target=self._runner_loop, name=f"sa-job-{len(self._runners)}",
+                                  daemon=True)
+        self._runners.append(runner)
+        runner.start()
+
+    def _runner_loop(self) -> None:
+        while (run := self._runs.get()) is not None:
+            self._run_job(run)
 
     def _run_job(self, run: _Run) -> None:
         try:
@@ -198,10 +222,13 @@ class Worker:
             except Exception:
                 self.log.exception("job.finalize_error", job_id=str(run.job.id))
         finally:
-            self._release_slot(run)
+            self._release_slot(run, runner_idle=True)
 
-    def _release_slot(self, run: _Run) -> None:
+    def _release_slot(self, run: _Run, runner_idle: bool = False) -> None:
+        """Frees the job's slot; `runner_idle` when its thread is done with it too."""
         with self._lock:
+            if runner_idle:
+                self._idle_runners += 1
             if self._inflight.get(run.job.id) is run:
                 del self._inflight[run.job.id]
             self._idle.notify_all()
@@ -249,6 +276,13 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
+        try:
+            self._finish_in_flight()
+        finally:
+            for _ in self._runners:
+                self._runs.put(None)
+
+    def _finish_in_flight(self) -> None:
         if self._wait_idle(self.config.shutdown_grace):
             return
         with self._lock:
