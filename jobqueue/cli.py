@@ -24,6 +24,7 @@ from jobqueue.migrate import migrate
 from jobqueue.operator_commands import add_operator_commands
 from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Provider
+from jobqueue.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.reclaim import Reclaimer
 from jobqueue.settings import Settings, SettingsError
 from jobqueue.token_commands import add_token_commands
@@ -82,8 +83,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     # transaction mode) leaves only the poll. A --once run claims once and needs no wake-up.
     listener = None
     if settings.listen and not args.once:
-        listener = NotificationListener(settings.direct_database_url, worker.on_job_event,
-                                        worker.wake).start()
+        listener = NotificationListener(
+            settings.direct_database_url, JOB_QUEUED_LISTEN, worker.on_job_queued, worker.wake).start()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         worker.stop()

@@ -256,7 +256,8 @@ class EventHub:
             if self._thread is None:
                 if self._listen_conninfo is not None:
                     self._listener = NotificationListener(
-                        self._listen_conninfo, lambda _event: self.wake(), self.wake).start()
+                        self._listen_conninfo, q.JOB_EVENT_LISTEN, lambda _payload: self.wake(),
+                        self.wake).start()
                     # NOTE: listening before the first read, so a commit right after it wakes us.
                     self._listener.listening.wait(self.config.start_timeout)
                 self._thread = threading.Thread(target=self._run, name="sa-sse-hub", daemon=True)

@@ -1,8 +1,7 @@
-"""A LISTEN thread on one dedicated connection that hands each job-event notification to a callback."""
+"""A LISTEN thread on one dedicated connection that hands each notification's payload to a callback."""
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -10,17 +9,13 @@ from typing import Any
 import psycopg
 import structlog
 
-from jobqueue.queries import job_event as q
-
-__all__ = ["CHANNEL", "NotificationListener"]
-
-CHANNEL = "sa_job_event"
+__all__ = ["NotificationListener"]
 
 log = structlog.get_logger(__name__)
 
 
 class NotificationListener:
-    """Delivers `sa_job_event` notifications to `on_event`; reconnects with backoff when the link drops.
+    """Runs `listen` (a LISTEN statement) and hands each payload to `on_notify`; reconnects with backoff.
 
     LISTEN needs a session of its own (never a pooled or PgBouncer transaction-mode connection),
     hence the dedicated connection to `SA_DIRECT_DATABASE_URL`. After a reconnect `on_reconnect`
@@ -30,12 +25,14 @@ class NotificationListener:
     def __init__(
         self,
         conninfo: str,
-        on_event: Callable[[dict[str, Any]], None],
+        listen: str,
+        on_notify: Callable[[str], None],
         on_reconnect: Callable[[], None] | None = None,
         max_backoff: float = 5.0,
     ) -> None:
         self._conninfo = conninfo
-        self._on_event = on_event
+        self._listen = listen
+        self._on_notify = on_notify
         self._on_reconnect = on_reconnect
         self._max_backoff = max_backoff
         self._stopping = threading.Event()
@@ -58,7 +55,7 @@ class NotificationListener:
         while not self._stopping.is_set():
             try:
                 with psycopg.connect(self._conninfo, autocommit=True) as conn:
-                    conn.execute(q.JOB_EVENT_LISTEN)
+                    conn.execute(self._listen)
                     self.listening.set()
                     backoff = 0.1
                     if not first and self._on_reconnect is not None:
@@ -75,6 +72,6 @@ class NotificationListener:
         while not self._stopping.is_set():
             for notify in conn.notifies(timeout=1.0):
                 try:
-                    self._on_event(json.loads(notify.payload))
+                    self._on_notify(notify.payload)
                 except Exception:
                     log.exception("listener.callback_failed")

@@ -9,8 +9,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
 
 import psycopg
 import structlog
@@ -110,15 +108,16 @@ class Worker:
         """Ends the current wait early, so the worker claims now."""
         self._wake.set()
 
-    def on_job_event(self, event: dict[str, Any]) -> None:
-        """Reacts to a job-event notification: claim now, or remember when a delayed job is due."""
-        if event.get("to_state") != "queued":
-            return
-        delay = (datetime.fromisoformat(event["scheduled_for"]) - datetime.now(UTC)).total_seconds()
-        if delay <= 0:
+    def on_job_queued(self, payload: str) -> None:
+        """Reacts to a `sa_job_queued` notification: claim now, or remember when a delayed job is due.
+
+        Args:
+            payload: empty when the job is claimable now, else its scheduled_for in epoch seconds.
+        """
+        if not payload:
             self._wake.set()
             return
-        due = time.monotonic() + delay
+        due = time.monotonic() + float(payload) - time.time()
         with self._lock:
             if self._next_due is None or due < self._next_due:
                 self._next_due = due

@@ -21,6 +21,7 @@ from jobqueue.fake_provider import FakeConfig, FakeProvider
 from jobqueue.listener import NotificationListener
 from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Provider
+from jobqueue.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.settings import Settings
 from jobqueue.tokens import Caller, create_token
 from jobqueue.worker import Worker, WorkerConfig
@@ -163,8 +164,9 @@ class WorkerHarness:
     def start(self, listen: bool = False, **config: Any) -> Worker:
         worker = self.build(**config)
         if listen:
-            listener = NotificationListener(self.settings.direct_database_url, worker.on_job_event,
-                                            worker.wake).start()
+            listener = NotificationListener(
+                self.settings.direct_database_url, JOB_QUEUED_LISTEN, worker.on_job_queued,
+                worker.wake).start()
             assert listener.listening.wait(5)
             self._listeners.append(listener)
         thread = threading.Thread(target=worker.run, daemon=True)

@@ -41,8 +41,9 @@ TERMINAL = {"succeeded", "failed", "cancelled", "superseded"}
 
 # NOTE: raw SQL on purpose: an open transaction holding an event id while a later one commits.
 CANCEL = "UPDATE sa_job SET state = 'cancelled', finished_at = now() WHERE id = %s"
+# NOTE: web hubs LISTEN sa_job_event, workers sa_job_queued; both count here.
 LISTENERS = ("SELECT count(*) AS n FROM pg_stat_activity "
-             "WHERE datname = current_database() AND query = 'LISTEN sa_job_event'")
+             "WHERE datname = current_database() AND query LIKE 'LISTEN sa\\_job\\_%%'")
 
 
 # --- SSE clients --------------------------------------------------------------------------

@@ -6,10 +6,14 @@ __all__ = [
     "JOB_EVENT_LIST_FOR_USER_BETWEEN",
     "JOB_EVENT_SEQUENCE_LAST",
     "JOB_EVENT_WRITERS_IN_FLIGHT",
+    "JOB_QUEUED_LISTEN",
 ]
 
-# NOTE: the channel name is fixed by the sa_job_record_event trigger (0001_core_schema.sql).
+# NOTE: channel names and payloads are fixed by the sa_job_record_event trigger
+# (0005_notify_channels.sql). Every transition wakes sa_job_event (empty payload); a job becoming
+# queued also wakes sa_job_queued (empty when claimable now, else scheduled_for in epoch seconds).
 JOB_EVENT_LISTEN = "LISTEN sa_job_event"
+JOB_QUEUED_LISTEN = "LISTEN sa_job_queued"
 
 _EVENT_COLUMNS = """
 id, job_id, prompt_id, org_id, created_by, from_state, to_state, attempt, error_kind,
