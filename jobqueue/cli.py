@@ -12,6 +12,7 @@ from types import FrameType
 from psycopg_pool import ConnectionPool
 
 from jobqueue import fake_provider
+from jobqueue.completer import Completer
 from jobqueue.control import cancel_job, retry_job
 from jobqueue.db import DictConnection, open_pool
 from jobqueue.errors import JobQueueError
@@ -47,13 +48,17 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
     """Wires a worker from settings; returns it with the function that releases its resources."""
     if not settings.provider_url:
         raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
-    pool = open_pool(settings.database_url, name="worker", max_size=config.concurrency + 3)
+    # NOTE: job threads never hold a connection: the claim loop, the heartbeat and the completer
+    # each borrow one for a statement, whatever the concurrency.
+    pool = open_pool(settings.database_url, name="worker", max_size=4)
     provider = Provider(settings.provider_url, settings.provider_api_key, settings.provider_timeout)
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
-    executor = Executor(pool, provider, settings.provider_model, backoff)
+    completer = Completer(pool)
+    executor = Executor(completer, provider, settings.provider_model, backoff)
 
     def close() -> None:
+        completer.close()
         provider.close()
         pool.close()
 

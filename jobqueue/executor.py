@@ -4,31 +4,20 @@ from __future__ import annotations
 
 import random
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TypeVar
 
-import psycopg
 import structlog
-from psycopg_pool import ConnectionPool
 
 from jobqueue import finalize
 from jobqueue.claim import ClaimedJob
-from jobqueue.db import DictConnection
+from jobqueue.completer import Completer
 from jobqueue.policy import BackoffConfig, ErrorKind, RetryAction, decide
 from jobqueue.provider import Provider, ProviderFailure
 
-__all__ = ["Executor", "Outcome"]
-
-# NOTE: a finalize that meets a database restart is retried briefly; past this the job stays
-# running without heartbeats and the reclaimer returns it to the queue.
-_FINALIZE_TRIES = 5
+__all__ = ["Executor", "Outcome", "RunControl"]
 
 log = structlog.get_logger(__name__)
-
-T = TypeVar("T")
 
 
 class Outcome(StrEnum):
@@ -41,11 +30,38 @@ class Outcome(StrEnum):
     ABANDONED = "abandoned"
 
 
+class RunControl:
+    """Settles the race between a job's thread and the heartbeat that finds its claim gone.
+
+    Once the thread starts finishing, the heartbeat can no longer abandon the job (the conditional
+    finalize decides); once the heartbeat abandons it, the thread drops its result.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._abandoned = False
+        self._finishing = False
+
+    def abandon(self) -> bool:
+        """Marks the job abandoned; False when its finalize has already begun."""
+        with self._lock:
+            if not self._finishing:
+                self._abandoned = True
+            return self._abandoned
+
+    def begin_finish(self) -> bool:
+        """Marks the job finishing; False when it was abandoned first."""
+        with self._lock:
+            if not self._abandoned:
+                self._finishing = True
+            return self._finishing
+
+
 @dataclass
 class Executor:
     """Runs claimed jobs against the provider; shared by all of a worker's job threads."""
 
-    pool: ConnectionPool[DictConnection]
+    completer: Completer
     provider: Provider
     default_model: str
     backoff: BackoffConfig
@@ -59,12 +75,13 @@ class Executor:
             for entry in job.context
         ]
 
-    def run_claimed(self, job: ClaimedJob, abandoned: threading.Event | None = None) -> Outcome:
+    def run_claimed(self, job: ClaimedJob, control: RunControl | None = None) -> Outcome:
         """Runs one claimed job to a finalize, or abandons it if the claim was lost meanwhile.
 
         Args:
             job: the claimed job.
-            abandoned: set by the heartbeat when the job is no longer ours; its result is dropped.
+            control: abandoned by the heartbeat when the job is no longer ours (its result is
+                then dropped).
 
         Returns:
             The outcome.
@@ -79,14 +96,14 @@ class Executor:
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
             bound.warning("provider.request", outcome=failure.kind.value, model=model,
                           http_status=failure.http_status, latency_ms=failure.latency_ms)
-            if abandoned is not None and abandoned.is_set():
+            if control is not None and not control.begin_finish():
                 bound.info("job.abandoned", error_kind=failure.kind.value)
                 return Outcome.ABANDONED
             return self._handle_failure(job, failure, model, bound)
         bound.info("provider.request", outcome="ok", model=completion.model,
                    http_status=completion.http_status, latency_ms=completion.latency_ms,
                    tokens_in=completion.tokens_in, tokens_out=completion.tokens_out)
-        if abandoned is not None and abandoned.is_set():
+        if control is not None and not control.begin_finish():
             bound.info("job.abandoned")
             return Outcome.ABANDONED
         call = finalize.CallRecord(
@@ -94,7 +111,7 @@ class Executor:
             http_status=completion.http_status, tokens_in=completion.tokens_in,
             tokens_out=completion.tokens_out,
         )
-        won = _with_retries(lambda: finalize.succeed(self.pool, job, completion.content, call))
+        won = self.completer.finish(finalize.succeeded(job, completion.content, call))
         return self._report(bound, won, Outcome.SUCCEEDED, latency_ms=completion.latency_ms)
 
     def _handle_failure(
@@ -107,11 +124,11 @@ class Executor:
                                    http_status=failure.http_status)
         message = f"{failure.message} ({decision.reason})"
         if decision.action is RetryAction.RETRY:
-            won = _with_retries(lambda: finalize.requeue(
-                self.pool, job, failure.kind, message, decision.delay, call))
+            won = self.completer.finish(finalize.requeued(job, failure.kind, message, decision.delay,
+                                                          call))
             return self._report(bound, won, Outcome.REQUEUED, error_kind=failure.kind.value,
                                 delay=round(decision.delay, 3))
-        won = _with_retries(lambda: finalize.fail(self.pool, job, failure.kind, message, call))
+        won = self.completer.finish(finalize.failed(job, failure.kind, message, call))
         return self._report(bound, won, Outcome.FAILED, error_kind=failure.kind.value)
 
     def fail_unexpected(self, job: ClaimedJob, exc: BaseException) -> Outcome:
@@ -137,13 +154,3 @@ class Executor:
 
 _TO_STATE = {Outcome.SUCCEEDED: "succeeded", Outcome.REQUEUED: "queued", Outcome.FAILED: "failed"}
 
-
-def _with_retries(write: Callable[[], T]) -> T:
-    for attempt in range(1, _FINALIZE_TRIES + 1):
-        try:
-            return write()
-        except psycopg.OperationalError:
-            if attempt == _FINALIZE_TRIES:
-                raise
-            time.sleep(0.2 * 2**attempt)
-    raise AssertionError("unreachable")

@@ -84,6 +84,9 @@ class _Server(ThreadingHTTPServer):
     allow_reuse_address = True
     # NOTE: idle keep-alive handlers would make server_close() wait for clients; stop() closes them.
     block_on_close = False
+    # NOTE: socketserver's default backlog of 5 resets connections when a worker's job threads
+    # all connect at once; a real provider's listen queue is far deeper.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], config: FakeConfig) -> None:
         super().__init__(address, _Handler)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from jobqueue import metrics
@@ -15,11 +15,23 @@ from jobqueue.db import DictConnection
 from jobqueue.policy import ErrorKind
 from jobqueue.queries import job as q
 
-__all__ = ["RESPONSE_NAMESPACE", "CallRecord", "fail", "requeue", "response_id_for", "succeed"]
+__all__ = [
+    "RESPONSE_NAMESPACE",
+    "CallRecord",
+    "Finish",
+    "failed",
+    "finish",
+    "requeued",
+    "response_id_for",
+    "succeeded",
+]
 
 # NOTE: response ids derive from (prompt, job), so a duplicate finalize of the same job
 # collides on sa_entity's primary key instead of creating a second response.
 RESPONSE_NAMESPACE = uuid.UUID("5d0c8f3e-2a61-4c1f-9a57-9b1f0f3c7a10")
+
+_STATEMENTS = {"succeeded": q.JOB_SUCCEED_MANY_IF_CLAIMED, "queued": q.JOB_REQUEUE_MANY_IF_CLAIMED,
+               "failed": q.JOB_FAIL_MANY_IF_CLAIMED}
 
 
 @dataclass(frozen=True)
@@ -33,82 +45,72 @@ class CallRecord:
     tokens_out: int | None = None
 
 
+@dataclass(frozen=True)
+class Finish:
+    """One job's finalize, ready to write: its target state and its row of the batch statement."""
+
+    job: ClaimedJob
+    to_state: str
+    error_kind: ErrorKind | None
+    row: dict[str, object]
+
+
 def response_id_for(job: ClaimedJob) -> uuid.UUID:
     """Returns the deterministic response entity id of a job."""
     return uuid.uuid5(RESPONSE_NAMESPACE, f"{job.prompt_id}/{job.id}")
 
 
-def _params(job: ClaimedJob, call: CallRecord, outcome: str) -> dict[str, object]:
-    return {
-        "job_id": job.id,
-        "claim": job.claim,
-        "attempt": job.attempt,
-        "model": call.model,
-        "tokens_in": call.tokens_in,
-        "tokens_out": call.tokens_out,
-        "latency_ms": call.latency_ms,
-        "http_status": call.http_status,
-        "outcome": outcome,
-    }
+def _row(job: ClaimedJob, call: CallRecord) -> dict[str, object]:
+    return {"job_id": job.id, "claim": job.claim, "attempt": job.attempt, "model": call.model,
+            "tokens_in": call.tokens_in, "tokens_out": call.tokens_out,
+            "latency_ms": call.latency_ms, "http_status": call.http_status}
 
 
-def _finish(
-    pool: ConnectionPool[DictConnection], job: ClaimedJob, statement: str, params: dict[str, object],
-    to_state: str, kind: ErrorKind | None,
-) -> bool:
-    with pool.connection() as conn:
-        won = conn.execute(statement, params).fetchone() is not None
-    if won:
-        metrics.TRANSITIONS.labels(from_state="running", to_state=to_state).inc()
-        metrics.RUN_SECONDS.observe(time.monotonic() - job.claimed_monotonic)
-        if kind is not None:
-            metrics.FAILURES.labels(error_kind=kind.value).inc()
-    return won
+def succeeded(job: ClaimedJob, content: str, call: CallRecord) -> Finish:
+    """The job succeeded: response, edge, ledger and audit rows are written with it."""
+    row = _row(job, call)
+    row.update(response_id=response_id_for(job), content=content)
+    return Finish(job, "succeeded", None, row)
 
 
-def succeed(
-    pool: ConnectionPool[DictConnection], job: ClaimedJob, content: str, call: CallRecord
-) -> bool:
-    """Marks the job succeeded and writes response, edge, ledger and audit rows, atomically.
-
-    Returns:
-        False when the claim was lost (nothing written).
-    """
-    params = _params(job, call, "succeeded")
-    params.update(response_id=response_id_for(job), content=content, source_refs=Jsonb([]))
-    return _finish(pool, job, q.JOB_SUCCEED_IF_CLAIMED, params, "succeeded", None)
+def requeued(job: ClaimedJob, kind: ErrorKind, message: str, delay: float, call: CallRecord) -> Finish:
+    """The job goes back to the queue for its next attempt, `delay` seconds from the write."""
+    row = _row(job, call)
+    row.update(error_kind=kind.value, error_message=message, delay=delay)
+    return Finish(job, "queued", kind, row)
 
 
-def requeue(
-    pool: ConnectionPool[DictConnection],
-    job: ClaimedJob,
-    kind: ErrorKind,
-    message: str,
-    delay: float,
-    call: CallRecord,
-) -> bool:
-    """Puts the job back in the queue for its next attempt, `delay` seconds from now.
+def failed(job: ClaimedJob, kind: ErrorKind, message: str, call: CallRecord) -> Finish:
+    """The job failed for good (terminal)."""
+    row = _row(job, call)
+    row.update(error_kind=kind.value, error_message=message)
+    return Finish(job, "failed", kind, row)
+
+
+def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> list[bool]:
+    """Writes `finishes` in one transaction, one statement per target state.
+
+    Every job of the batch is guarded on its own (id, state running, worker_claim, attempt), so
+    a job whose claim was lost writes nothing while the others of its batch go through.
 
     Returns:
-        False when the claim was lost (nothing written).
+        For each finish, in order, whether it was written (False: the claim was lost).
     """
-    params = _params(job, call, kind.value)
-    params.update(error_kind=kind.value, error_message=message, delay=delay)
-    return _finish(pool, job, q.JOB_REQUEUE_IF_CLAIMED, params, "queued", kind)
-
-
-def fail(
-    pool: ConnectionPool[DictConnection],
-    job: ClaimedJob,
-    kind: ErrorKind,
-    message: str,
-    call: CallRecord,
-) -> bool:
-    """Marks the job failed (terminal).
-
-    Returns:
-        False when the claim was lost (nothing written).
-    """
-    params = _params(job, call, kind.value)
-    params.update(error_kind=kind.value, error_message=message)
-    return _finish(pool, job, q.JOB_FAIL_IF_CLAIMED, params, "failed", kind)
+    won: set[uuid.UUID] = set()
+    with pool.connection() as conn, conn.transaction():
+        for to_state, statement in _STATEMENTS.items():
+            group = [f for f in finishes if f.to_state == to_state]
+            if not group:
+                continue
+            params = {name: [f.row[name] for f in group] for name in group[0].row}
+            won.update(r["id"] for r in conn.execute(statement, params).fetchall())
+    results = [f.job.id in won for f in finishes]
+    now = time.monotonic()
+    for f, ok in zip(finishes, results, strict=True):
+        if not ok:
+            continue
+        metrics.TRANSITIONS.labels(from_state="running", to_state=f.to_state).inc()
+        metrics.RUN_SECONDS.observe(now - f.job.claimed_monotonic)
+        if f.error_kind is not None:
+            metrics.FAILURES.labels(error_kind=f.error_kind.value).inc()
+    return results

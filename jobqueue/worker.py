@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.claim import ClaimedJob, claim
 from jobqueue.db import DictConnection
-from jobqueue.executor import Executor, Outcome
+from jobqueue.executor import Executor, Outcome, RunControl
 from jobqueue.queries import job as q
 
 __all__ = ["Worker", "WorkerConfig", "new_worker_id"]
@@ -64,7 +64,7 @@ class WorkerConfig:
 @dataclass
 class _Run:
     job: ClaimedJob
-    abandoned: threading.Event = field(default_factory=threading.Event)
+    control: RunControl = field(default_factory=RunControl)
 
 
 class Worker:
@@ -213,7 +213,7 @@ class Worker:
 
     def _run_job(self, run: _Run) -> None:
         try:
-            self.executor.run_claimed(run.job, run.abandoned)
+            self.executor.run_claimed(run.job, run.control)
         except Exception as exc:
             self.log.exception("job.run_error", job_id=str(run.job.id))
             try:
@@ -259,9 +259,11 @@ class Worker:
                 {"job_ids": list(snapshot), "claim": self.worker_id},
             ).fetchall()
         alive = {(r["id"], r["attempt"]) for r in rows}
-        lost = [run for run in snapshot.values() if (run.job.id, run.job.attempt) not in alive]
+        # NOTE: a job whose finalize began during this UPDATE is not lost: it may just have
+        # committed; its own guarded write tells.
+        lost = [run for run in snapshot.values()
+                if (run.job.id, run.job.attempt) not in alive and run.control.abandon()]
         for run in lost:
-            run.abandoned.set()
             self.log.warning("job.claim_lost", job_id=str(run.job.id), attempt=run.job.attempt)
             self._release_slot(run)
         return len(lost)
@@ -287,7 +289,7 @@ class Worker:
         with self._lock:
             leftovers = list(self._inflight.values())
         for run in leftovers:
-            run.abandoned.set()
+            run.control.abandon()
         with self.pool.connection() as conn:
             released = conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, (self.worker_id,)).fetchall()
         self.log.warning("worker.released", jobs=len(released), outcome=Outcome.ABANDONED.value)

@@ -14,6 +14,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.cli import main
+from jobqueue.completer import Completer
 from jobqueue.db import DictConnection, open_pool
 from jobqueue.embedded_db import scratch_database
 from jobqueue.executor import Executor
@@ -149,6 +150,7 @@ class WorkerHarness:
                                  settings.provider_timeout)
         self._running: list[tuple[Worker, threading.Thread]] = []
         self._listeners: list[NotificationListener] = []
+        self._completers: list[Completer] = []
 
     def build(self, **config: Any) -> Worker:
         base = WorkerConfig(
@@ -158,7 +160,9 @@ class WorkerHarness:
         )
         backoff = BackoffConfig(base=self.settings.backoff_base, cap=self.settings.backoff_cap,
                                 rate_limit_min_wait=self.settings.rate_limit_min_wait)
-        executor = Executor(self.pool, self.provider, self.settings.provider_model, backoff)
+        completer = Completer(self.pool)
+        self._completers.append(completer)
+        executor = Executor(completer, self.provider, self.settings.provider_model, backoff)
         return Worker(self.pool, executor, replace(base, **config))
 
     def start(self, listen: bool = False, **config: Any) -> Worker:
@@ -182,6 +186,8 @@ class WorkerHarness:
         for _, thread in self._running:
             thread.join(timeout=10)
         self._running.clear()
+        for completer in self._completers:
+            completer.close()
         self.provider.close()
 
 

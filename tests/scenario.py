@@ -42,6 +42,9 @@ class Scenario:
         enqueue(self.pool, self.caller, text, priority=_CLAIMABLE, max_attempts=max_attempts)
         return self._claim_next()
 
+    def _write(self, finish: finalize.Finish) -> None:
+        assert finalize.finish(self.pool, [finish]) == [True]
+
     def _claim_next(self) -> ClaimedJob:
         (job,) = claim(self.pool, f"scenario-{uuid.uuid4().hex[:6]}", 1, _CLAIMABLE)
         return job
@@ -53,22 +56,22 @@ class Scenario:
     def succeeded(self, text: str = "answered") -> uuid.UUID:
         """A job answered on its first attempt (response, edge, ledger, audit rows written)."""
         job = self._claimed(text)
-        assert finalize.succeed(self.pool, job, f"reply to {job.id}", OK_CALL)
+        self._write(finalize.succeeded(job, f"reply to {job.id}", OK_CALL))
         return job.id
 
     def retried_then_succeeded(self, text: str = "rate limited once") -> uuid.UUID:
         """A job rate limited on attempt 1 (requeued at once), answered on attempt 2."""
         job = self._claimed(text)
-        assert finalize.requeue(self.pool, job, ErrorKind.RATE_LIMIT, "429", 0.0, _LIMITED_CALL)
+        self._write(finalize.requeued(job, ErrorKind.RATE_LIMIT, "429", 0.0, _LIMITED_CALL))
         again = self._claim_next()
         assert again.id == job.id and again.attempt == 2
-        assert finalize.succeed(self.pool, again, f"reply to {job.id}", OK_CALL)
+        self._write(finalize.succeeded(again, f"reply to {job.id}", OK_CALL))
         return job.id
 
     def failed(self, text: str = "refused", kind: ErrorKind = ErrorKind.PROVIDER_4XX) -> uuid.UUID:
         """A job failed for good on its first attempt."""
         job = self._claimed(text)
-        assert finalize.fail(self.pool, job, kind, "provider said no", _FAILED_CALL)
+        self._write(finalize.failed(job, kind, "provider said no", _FAILED_CALL))
         return job.id
 
     def cancelled(self, text: str = "never mind") -> uuid.UUID:
@@ -83,7 +86,7 @@ class Scenario:
         if answer:
             job = self._claim_next()
             assert job.id == new
-            assert finalize.succeed(self.pool, job, f"reply to {job.id}", OK_CALL)
+            self._write(finalize.succeeded(job, f"reply to {job.id}", OK_CALL))
         else:
             with self.pool.connection() as conn:
                 conn.execute("UPDATE sa_job SET priority = %s WHERE id = %s", (_LEFT_QUEUED, new))

@@ -17,7 +17,7 @@ from jobqueue.control import Retried, cancel_job, retry_job, retry_prompt
 from jobqueue.db import DictConnection
 from jobqueue.enqueue import enqueue
 from jobqueue.errors import Conflict, NotFound
-from jobqueue.executor import Outcome
+from jobqueue.executor import Outcome, RunControl
 from jobqueue.reclaim import Reclaimer
 from jobqueue.tokens import Caller
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
@@ -94,8 +94,8 @@ def test_cancelled_running_jobs_late_result_is_discarded(
     finished = threading.Event()
     run_claimed = worker.executor.run_claimed
 
-    def spy(job: ClaimedJob, abandoned: threading.Event | None = None) -> Outcome:
-        outcome = run_claimed(job, abandoned)
+    def spy(job: ClaimedJob, control: RunControl | None = None) -> Outcome:
+        outcome = run_claimed(job, control)
         outcomes.append(outcome)
         finished.set()
         return outcome

@@ -44,11 +44,11 @@ def test_a_stale_claim_writes_nothing_and_the_new_owner_wins(
     [fresh] = claim(pool, "worker-b", 1, 100)
     call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
 
-    assert finalize.succeed(pool, stale, "late answer", call) is False
+    assert finalize.finish(pool, [finalize.succeeded(stale, "late answer", call)]) == [False]
     assert fetch_one(pool, WRITES) == {"responses": 0, "edges": 0, "ledger": 0, "audit": 0}
 
-    assert finalize.succeed(pool, fresh, "real answer", call) is True
-    assert finalize.succeed(pool, fresh, "duplicate", call) is False
+    assert finalize.finish(pool, [finalize.succeeded(fresh, "real answer", call)]) == [True]
+    assert finalize.finish(pool, [finalize.succeeded(fresh, "duplicate", call)]) == [False]
     assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
     assert fetch_one(pool, "SELECT content FROM sa_entity WHERE kind = 'response'")["content"] == (
         "real answer")
@@ -65,7 +65,7 @@ def test_two_workers_finalizing_the_same_job_leave_one_response(
 
     def race() -> None:
         barrier.wait()
-        results.append(finalize.succeed(pool, job, "answer", call))
+        results.append(finalize.finish(pool, [finalize.succeeded(job, "answer", call)])[0])
 
     threads = [threading.Thread(target=race) for _ in range(4)]
     for t in threads:

@@ -6,16 +6,16 @@ __all__ = [
     "JOB_CLAIM_MANY",
     "JOB_CLAIM_MANY_ORG_CAPPED",
     "JOB_COLUMNS",
-    "JOB_FAIL_IF_CLAIMED",
+    "JOB_FAIL_MANY_IF_CLAIMED",
     "JOB_GET",
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_FOR_PROMPT",
     "JOB_RELEASE_MANY_IF_CLAIMED",
-    "JOB_REQUEUE_IF_CLAIMED",
+    "JOB_REQUEUE_MANY_IF_CLAIMED",
     "JOB_RETRY_IF_FINISHED",
     "JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED",
-    "JOB_SUCCEED_IF_CLAIMED",
+    "JOB_SUCCEED_MANY_IF_CLAIMED",
 ]
 
 JOB_COLUMNS = """
@@ -112,77 +112,96 @@ WITH running AS (
     + _CLAIM_SET
 )
 
-# NOTE: every finishing statement below matches the claim (worker_claim and attempt), so a
-# worker whose job was cancelled, reclaimed or re-claimed in between writes nothing.
-_GUARD = """
- WHERE id = %(job_id)s
-   AND state = 'running'
-   AND worker_claim = %(claim)s
-   AND attempt = %(attempt)s
-"""
+# NOTE: the finishing statements below take a batch of jobs as parallel arrays, one element per
+# job (a batch of one is the single-job case). Each job is guarded on its own: it is written only
+# if it is still running under the same worker_claim and attempt, so a job that was cancelled,
+# reclaimed or re-claimed in between writes nothing while the rest of its batch goes through.
+# PERF: one statement (and one commit) for a whole batch of finalizes.
+_CALL_COLUMNS = (("job_id", "uuid"), ("claim", "text"), ("attempt", "int"), ("model", "text"),
+                 ("tokens_in", "int"), ("tokens_out", "int"), ("latency_ms", "int"),
+                 ("http_status", "int"))
 
-_LEDGER = """
-ledger AS (
+
+def _finish_many_if_claimed(extra_columns: tuple[tuple[str, str], ...], set_clause: str,
+                            writes: str, outcome: str) -> str:
+    """Builds (at import) a claim-guarded batch UPDATE of sa_job, `writes` and a ledger row per job.
+
+    `done` is the batch (one row per job), `job` the rows the UPDATE matched; both can be read
+    by `set_clause` (as done.*), `writes` and `outcome` (an expression over done).
+    """
+    columns = _CALL_COLUMNS + extra_columns
+    arrays = ", ".join(f"%({name})s::{kind}[]" for name, kind in columns)
+    names = ", ".join(name for name, _ in columns)
+    return f"""
+WITH done AS (
+    SELECT * FROM unnest({arrays}) AS d({names})
+), job AS (
+    UPDATE sa_job j
+       SET {set_clause}
+      FROM done
+     WHERE j.id = done.job_id
+       AND j.state = 'running'
+       AND j.worker_claim = done.claim
+       AND j.attempt = done.attempt
+    RETURNING j.id, j.prompt_id, j.org_id, j.created_by
+), {writes}ledger AS (
     INSERT INTO sa_ledger (org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
                            http_status, outcome)
-    SELECT job.org_id, job.id, %(attempt)s, %(model)s, %(tokens_in)s, %(tokens_out)s,
-           %(latency_ms)s, %(http_status)s, %(outcome)s
-      FROM job
+    SELECT job.org_id, job.id, done.attempt, done.model, done.tokens_in, done.tokens_out,
+           done.latency_ms, done.http_status, {outcome}
+      FROM job JOIN done ON done.job_id = job.id
 )
+SELECT id FROM job
 """
 
-# served by sa_job_pkey (id). The job UPDATE comes first; the response entity, the
-# flows-to edge, the ledger and audit rows select FROM it, so they exist only if it matched.
-# response_id's foreign key is deferred to commit because the entity is written alongside.
-JOB_SUCCEED_IF_CLAIMED = (
-    """
-WITH job AS (
-    UPDATE sa_job
-       SET state = 'succeeded', response_id = %(response_id)s, finished_at = now(),
-           error_kind = NULL, error_message = NULL
-"""
-    + _GUARD
-    + """
-    RETURNING id, prompt_id, org_id, created_by
-), response AS (
+
+# served by sa_job_pkey (id). The response entity, the flows-to edge and the audit row select
+# FROM the jobs the UPDATE matched, so they exist only for those. response_id's foreign key is
+# deferred to commit because the entity is written alongside.
+JOB_SUCCEED_MANY_IF_CLAIMED = _finish_many_if_claimed(
+    (("response_id", "uuid"), ("content", "text")),
+    """state = 'succeeded', response_id = done.response_id, finished_at = now(),
+           error_kind = NULL, error_message = NULL""",
+    """response AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, parent_id, correlation_id,
                            causation_id, content, source_refs, truth_class, state_class)
-    SELECT %(response_id)s, 'response', job.org_id, job.created_by, job.prompt_id,
-           prompt.correlation_id, job.prompt_id, %(content)s, %(source_refs)s,
-           'generated', 'settled'
-      FROM job JOIN sa_entity prompt ON prompt.id = job.prompt_id
+    SELECT done.response_id, 'response', job.org_id, job.created_by, job.prompt_id,
+           prompt.correlation_id, job.prompt_id, done.content, '[]'::jsonb, 'generated', 'settled'
+      FROM job
+      JOIN done ON done.job_id = job.id
+      JOIN sa_entity prompt ON prompt.id = job.prompt_id
     RETURNING id, parent_id, org_id, created_by
 ), edge AS (
     INSERT INTO sa_edge (org_id, kind, from_id, to_id)
     SELECT org_id, 'flows-to', parent_id, id FROM response
 ), audit AS (
     INSERT INTO sa_audit (org_id, actor_id, action, entity_id, job_id, detail)
-    SELECT response.org_id, response.created_by, 'response.created', response.id,
-           %(job_id)s, jsonb_build_object('prompt_id', response.parent_id,
-                                          'attempt', %(attempt)s)
-      FROM response
-), """
-    + _LEDGER
-    + "SELECT id FROM job"
+    SELECT response.org_id, response.created_by, 'response.created', response.id, done.job_id,
+           jsonb_build_object('prompt_id', response.parent_id, 'attempt', done.attempt)
+      FROM response JOIN done ON done.response_id = response.id
+), """,
+    "'succeeded'",
 )
 
-
-
-def _finish_if_claimed(set_clause: str) -> str:
-    """Builds (at import) a claim-guarded finishing UPDATE plus its ledger row; answers the id."""
-    return ("WITH job AS (\n    UPDATE sa_job\n       SET " + set_clause + _GUARD
-            + "    RETURNING id, org_id\n), " + _LEDGER + "SELECT id FROM job")
-
+_ERROR_COLUMNS = (("error_kind", "text"), ("error_message", "text"))
 
 # served by sa_job_pkey (id). `delay` is seconds from the decision, computed by policy.
-JOB_REQUEUE_IF_CLAIMED = _finish_if_claimed("""state = 'queued', attempt = attempt + 1, worker_claim = NULL,
+JOB_REQUEUE_MANY_IF_CLAIMED = _finish_many_if_claimed(
+    (*_ERROR_COLUMNS, ("delay", "float8")),
+    """state = 'queued', attempt = j.attempt + 1, worker_claim = NULL,
            running_heartbeat_at = NULL,
-           scheduled_for = now() + make_interval(secs => %(delay)s),
-           error_kind = %(error_kind)s, error_message = %(error_message)s""")
+           scheduled_for = now() + make_interval(secs => done.delay),
+           error_kind = done.error_kind, error_message = done.error_message""",
+    "", "done.error_kind",
+)
 
 # served by sa_job_pkey (id)
-JOB_FAIL_IF_CLAIMED = _finish_if_claimed("""state = 'failed', finished_at = now(),
-           error_kind = %(error_kind)s, error_message = %(error_message)s""")
+JOB_FAIL_MANY_IF_CLAIMED = _finish_many_if_claimed(
+    _ERROR_COLUMNS,
+    """state = 'failed', finished_at = now(),
+           error_kind = done.error_kind, error_message = done.error_message""",
+    "", "done.error_kind",
+)
 
 # served by sa_job_pkey (id). Only the jobs the worker is still running are refreshed, so
 # a job whose thread died loses its heartbeat and is reclaimed. Rows not returned are no
