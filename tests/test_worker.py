@@ -9,9 +9,11 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from typing import Any
 
 import falcon.testing
 import psycopg
+import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue import finalize
@@ -82,6 +84,35 @@ def test_claim_is_served_by_the_partial_claim_index(many_jobs: DictConnection) -
     scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "sa_job"]
     assert ("Index Scan", "sa_job_claim_idx") in scans
     assert all(node != "Seq Scan" for node, _ in scans)
+
+
+_BATCH = [uuid.uuid4() for _ in range(3)]
+_CALL_ROW = {"job_id": _BATCH, "claim": ["w"] * 3, "attempt": [1] * 3, "model": ["m"] * 3,
+             "tokens_in": [1] * 3, "tokens_out": [1] * 3, "latency_ms": [1] * 3,
+             "http_status": [200] * 3}
+_ERROR_ROW = {"error_kind": ["provider_5xx"] * 3, "error_message": ["boom"] * 3}
+
+
+@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
+@pytest.mark.parametrize(("statement", "params"), [
+    (job_q.JOB_SUCCEED_MANY_IF_CLAIMED,
+     {**_CALL_ROW, "response_id": [uuid.uuid4() for _ in _BATCH], "content": ["a"] * 3}),
+    (job_q.JOB_REQUEUE_MANY_IF_CLAIMED, {**_CALL_ROW, **_ERROR_ROW, "delay": [1.5] * 3}),
+    (job_q.JOB_FAIL_MANY_IF_CLAIMED, {**_CALL_ROW, **_ERROR_ROW}),
+    (job_q.JOB_HEARTBEAT_MANY_IF_CLAIMED, {"job_ids": _BATCH, "claim": "w"}),
+], ids=["succeed", "requeue", "fail", "heartbeat"])
+def test_finalize_and_heartbeat_never_scan_sa_job_sequentially(
+    many_jobs: DictConnection, statement: str, params: dict[str, Any], plan_cache_mode: str,
+) -> None:
+    many_jobs.execute("UPDATE sa_job SET state = 'running', worker_claim = 'w' || (random() * 20)::int "
+                      "WHERE priority < 20")
+    many_jobs.execute("ANALYZE sa_job")
+    many_jobs.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")  # type: ignore[arg-type]
+    nodes = plan_nodes(many_jobs, statement, params)
+    scans = [n for n in nodes if n.get("Relation Name") == "sa_job" and n["Node Type"] != "ModifyTable"]
+    assert scans, nodes
+    assert all(n["Node Type"] in {"Index Scan", "Bitmap Heap Scan"} for n in scans), [
+        (n["Node Type"], n.get("Index Name")) for n in scans]
 
 
 def test_sigterm_finishes_in_flight_work_releases_the_rest_and_exits_zero(
