@@ -68,9 +68,9 @@ class Provider:
         url = urllib.parse.urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"provider URL must be http(s)://host[:port][/path], not {base_url!r}")
-        self._https = url.scheme == "https"
+        self._tls = ssl.create_default_context() if url.scheme == "https" else None
         self._host = url.hostname
-        self._port = url.port or (443 if self._https else 80)
+        self._port = url.port or (443 if self._tls else 80)
         self._path = url.path.rstrip("/") + "/chat/completions"
         self._timeout = timeout
         self._connect_timeout = min(10.0, timeout)
@@ -115,25 +115,25 @@ class Provider:
     def _call(self, model: str, messages: list[dict[str, str]]) -> Completion:
         body = json.dumps({"model": model, "messages": messages}).encode()
         started = time.monotonic()
-        conn = self._connection()
         try:
+            conn = self._connection()
             conn.request("POST", self._path, body=body, headers=self._headers)
             response = conn.getresponse()
             data = response.read()
         except TimeoutError as exc:
-            self._discard(conn)
+            self._drop()
             raise ProviderFailure(
                 ErrorKind.TIMEOUT, f"provider timed out: {type(exc).__name__}",
                 latency_ms=_elapsed_ms(started),
             ) from exc
         except (OSError, http.client.HTTPException) as exc:
-            self._discard(conn)
+            self._drop()
             raise ProviderFailure(
                 ErrorKind.UNKNOWN, f"provider unreachable: {type(exc).__name__}: {exc}",
                 latency_ms=_elapsed_ms(started),
             ) from exc
         if response.will_close:
-            self._discard(conn)
+            self._drop()
         latency_ms = _elapsed_ms(started)
         if not 200 <= response.status < 300:
             raise ProviderFailure(
@@ -151,25 +151,25 @@ class Provider:
         if conn is not None and conn.sock is not None and not _idle_socket_readable(conn.sock):
             return conn
         if conn is not None:
-            self._discard(conn)
-        if self._https:
+            self._drop()
+        if self._tls is not None:
             conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._connect_timeout,
-                                               context=ssl.create_default_context())
+                                               context=self._tls)
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
         conn.connect()
         assert conn.sock is not None
         conn.sock.settimeout(self._timeout)
-        if not self._https:
-            # NOTE: request line, headers and body go out in separate writes; without this,
-            # Nagle holds the body back until the server acknowledges the headers.
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._local.conn = conn
         with self._lock:
             self._open.add(conn)
         return conn
 
-    def _discard(self, conn: http.client.HTTPConnection) -> None:
+    def _drop(self) -> None:
+        """Closes and forgets this thread's connection, if it has one."""
+        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            return
         conn.close()
         self._local.conn = None
         with self._lock:
