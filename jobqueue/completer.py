@@ -81,6 +81,11 @@ class Completer:
             raise pending.error
         return pending.won
 
+    @property
+    def waiting(self) -> int:
+        """Finalizes queued for the next batch."""
+        return self._queue.qsize()
+
     def close(self, timeout: float = 30.0) -> None:
         """Writes what is already waiting, then stops; later finishes raise RuntimeError."""
         with self._lock:

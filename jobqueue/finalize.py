@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Sequence
@@ -96,12 +97,12 @@ def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> 
     Returns:
         For each finish, in order, whether it was written (False: the claim was lost).
     """
+    groups = [(statement, group) for to_state, statement in _STATEMENTS.items()
+              if (group := [f for f in finishes if f.to_state == to_state])]
     won: set[uuid.UUID] = set()
-    with pool.connection() as conn, conn.transaction():
-        for to_state, statement in _STATEMENTS.items():
-            group = [f for f in finishes if f.to_state == to_state]
-            if not group:
-                continue
+    # PERF: one statement is atomic on its own; BEGIN and COMMIT would be two more round trips.
+    with pool.connection() as conn, conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
+        for statement, group in groups:
             params = {name: [f.row[name] for f in group] for name in group[0].row}
             won.update(r["id"] for r in conn.execute(statement, params).fetchall())
     results = [f.job.id in won for f in finishes]

@@ -18,13 +18,15 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue import finalize
 from jobqueue.claim import claim
+from jobqueue.completer import Completer
 from jobqueue.db import DictConnection
 from jobqueue.enqueue import enqueue
 from jobqueue.migrate import migrate
+from jobqueue.policy import ErrorKind
 from jobqueue.queries import job as job_q
 from jobqueue.settings import Settings
 from jobqueue.tokens import Caller
-from tests.conftest import fetch_one, wait_for
+from tests.conftest import fetch_all, fetch_one, wait_for
 from tests.helpers import plan_nodes, submit
 
 WRITES = """
@@ -33,6 +35,9 @@ SELECT (SELECT count(*) FROM sa_entity WHERE kind = 'response') AS responses,
        (SELECT count(*) FROM sa_ledger) AS ledger,
        (SELECT count(*) FROM sa_audit) AS audit
 """
+
+LOCK_WAITS = ("SELECT count(*) AS n FROM pg_stat_activity "
+              "WHERE datname = current_database() AND wait_event_type = 'Lock'")
 
 
 def test_a_stale_claim_writes_nothing_and_the_new_owner_wins(
@@ -54,6 +59,73 @@ def test_a_stale_claim_writes_nothing_and_the_new_owner_wins(
     assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
     assert fetch_one(pool, "SELECT content FROM sa_entity WHERE kind = 'response'")["content"] == (
         "real answer")
+
+
+def test_one_batch_finishes_each_job_by_its_own_outcome_and_skips_a_lost_claim(
+    pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    for text in ("ok", "retry", "fail", "lost"):
+        enqueue(pool, caller, text)
+    ok, retry, fail, lost = claim(pool, "worker-a", 4, 100)
+    with pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET state = 'cancelled', finished_at = now() WHERE id = %s",
+                     (lost.id,))
+    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+
+    won = finalize.finish(pool, [
+        finalize.succeeded(ok, "answer", call),
+        finalize.requeued(retry, ErrorKind.RATE_LIMIT, "slow down", 30.0, call),
+        finalize.failed(fail, ErrorKind.PROVIDER_4XX, "no", call),
+        finalize.succeeded(lost, "too late", call),
+    ])
+
+    assert won == [True, True, True, False]
+    rows = {r["id"]: r for r in fetch_all(pool, "SELECT id, state, attempt, error_kind, "
+                                                "scheduled_for > now() + interval '20 s' AS later "
+                                                "FROM sa_job")}
+    assert (rows[ok.id]["state"], rows[ok.id]["error_kind"]) == ("succeeded", None)
+    assert [rows[retry.id][k] for k in ("state", "attempt", "error_kind", "later")] == [
+        "queued", 2, "rate_limit", True]
+    assert (rows[fail.id]["state"], rows[fail.id]["error_kind"]) == ("failed", "provider_4xx")
+    assert rows[lost.id]["state"] == "cancelled"
+    assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 3, "audit": 1}
+
+
+def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
+    pool: ConnectionPool[DictConnection], caller: Caller, database_url: str,
+) -> None:
+    for text in ("first", "good", "bad"):
+        enqueue(pool, caller, text)
+    first, good, bad = claim(pool, "worker-a", 3, 100)
+    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+    completer = Completer(pool)
+    results: dict[str, object] = {}
+
+    def finish(name: str, f: finalize.Finish) -> None:
+        try:
+            results[name] = completer.finish(f)
+        except psycopg.Error as exc:
+            results[name] = type(exc).__name__
+
+    try:
+        with psycopg.connect(database_url) as locker:
+            # NOTE: the first write waits on this row lock, so the next two queue up as one batch.
+            locker.execute("SELECT 1 FROM sa_job WHERE id = %s FOR UPDATE", (first.id,))
+            threads = [threading.Thread(target=finish, args=("first", finalize.succeeded(first, "a", call)))]
+            threads[0].start()
+            wait_for(lambda: fetch_one(pool, LOCK_WAITS)["n"])
+            for name, f in (("good", finalize.succeeded(good, "b", call)),
+                            ("bad", finalize.succeeded(bad, "NUL \x00 cannot be stored", call))):
+                threads.append(threading.Thread(target=finish, args=(name, f)))
+                threads[-1].start()
+            wait_for(lambda: completer.waiting == 2)
+        for t in threads:
+            t.join(10)
+    finally:
+        completer.close()
+    assert results == {"first": True, "good": True, "bad": "DataError"}
+    assert completer.batches == 2
+    assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE state = 'succeeded'")["n"] == 2
 
 
 def test_two_workers_finalizing_the_same_job_leave_one_response(
