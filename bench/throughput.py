@@ -8,25 +8,33 @@ INSERT statement), `sa-core fake-provider` in its own process (answers at once),
 `sa-core run-worker --concurrency C`. Time runs from the workers' start (their start-up
 included) until every job has succeeded, polled every 50 ms. Rounds are interleaved.
 
-Cost per job comes from the scratch database's `pg_stat_database` (`xact_commit`, `tup_inserted`,
-`tup_updated`), read before the workers start and after they and the poller have exited (a
-backend flushes its counters on exit); this script's own polls are subtracted. The worker's
-statements (claim, heartbeat, finalize, ...) each run as one autocommit statement, so commits
-equal database round trips (read-only ones included; connection checks excepted).
+Cost per job: round trips are the workers' own counts (claim statements and finalize batches, from
+their `worker.stopped` log line; a batch is one statement, or BEGIN + one per target state +
+COMMIT when it mixes outcomes). Commits, inserts and updates come from the scratch database's
+`pg_stat_database`, read before the workers start and after they and the poller have exited (a
+backend flushes its counters on exit), this script's own polls subtracted. Commits include the
+transactions in which each LISTENing worker reads notifications (Postgres wakes every listener
+of the database on each notifying commit), so they exceed the workers' own statements.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import IO
 
 import psycopg
 
-from bench.common import VENV_BIN, format_table, scratch_database, spawn, wait_http
+from bench.common import REPO, VENV_BIN, format_table, scratch_database, spawn, wait_http
 
 BACKLOG = """
 WITH p AS (
@@ -50,6 +58,8 @@ class Cell:
     procs: int
     concurrency: int
     seconds: list[float] = field(default_factory=list)
+    claims: list[float] = field(default_factory=list)
+    batches: list[float] = field(default_factory=list)
     commits: list[float] = field(default_factory=list)
     inserted: list[float] = field(default_factory=list)
     updated: list[float] = field(default_factory=list)
@@ -64,9 +74,24 @@ def read_stats(url: str) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
+def round_trips(logs: list[IO[bytes]]) -> tuple[int, int]:
+    """Sums the claims and finalize batches the workers reported when they stopped."""
+    claims = batches = 0
+    for log in logs:
+        log.seek(0)
+        for line in log:
+            if b'"worker.stopped"' in line:
+                stopped = json.loads(line)
+                claims += stopped["claims"]
+                batches += stopped["finalize_batches"]
+    return claims, batches
+
+
 def run_once(cell: Cell, jobs: int, provider_port: int) -> None:
     """One burn-down on a fresh database; appends its figures to `cell`."""
-    with scratch_database() as url:
+    with contextlib.ExitStack() as stack:
+        logs = [stack.enter_context(tempfile.TemporaryFile()) for _ in range(cell.procs)]
+        url = stack.enter_context(scratch_database())
         provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(provider_port)], {})
         workers = []
         try:
@@ -79,8 +104,9 @@ def run_once(cell: Cell, jobs: int, provider_port: int) -> None:
             polls = 0
             with psycopg.connect(url, autocommit=True) as poller:
                 started = time.monotonic()
-                workers = [spawn([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
-                                  str(cell.concurrency)], env) for _ in range(cell.procs)]
+                workers = [subprocess.Popen([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
+                                             str(cell.concurrency)], cwd=REPO, env={**os.environ, **env},
+                                            stdout=log, stderr=subprocess.DEVNULL) for log in logs]
                 while True:
                     row = poller.execute(DONE).fetchone()
                     polls += 1
@@ -100,8 +126,11 @@ def run_once(cell: Cell, jobs: int, provider_port: int) -> None:
                     proc.terminate()
             for proc in [*workers, provider]:
                 proc.wait(timeout=60)
+        claims, batches = round_trips(logs)
     # Subtract this script's polls and the `before` read (each one commit).
     cell.seconds.append(elapsed)
+    cell.claims.append(claims / jobs)
+    cell.batches.append(batches / jobs)
     cell.commits.append((after[0] - before[0] - polls - 1) / jobs)
     cell.inserted.append((after[1] - before[1]) / jobs)
     cell.updated.append((after[2] - before[2]) / jobs)
@@ -113,13 +142,15 @@ def _ints(text: str) -> list[int]:
 
 def table(cells: Sequence[Cell], jobs: int) -> str:
     """Formats the cells in bench/peers.py's style (medians over rounds)."""
-    head = ["procs", "concurrency", "seconds", "jobs/s", "commits/job", "inserts/job", "updates/job"]
+    head = ["procs", "concurrency", "seconds", "jobs/s", "claims/job", "batches/job", "commits/job",
+            "inserts/job", "updates/job"]
     lines = [head]
     med = statistics.median
     for c in cells:
         seconds = med(c.seconds)
         lines.append([str(c.procs), str(c.concurrency), f"{seconds:.2f}", f"{jobs / seconds:,.0f}",
-                      f"{med(c.commits):.2f}", f"{med(c.inserted):.2f}", f"{med(c.updated):.2f}"])
+                      f"{med(c.claims):.3f}", f"{med(c.batches):.3f}", f"{med(c.commits):.2f}",
+                      f"{med(c.inserted):.2f}", f"{med(c.updated):.2f}"])
     return format_table(lines)
 
 
@@ -138,15 +169,17 @@ def main() -> None:
             run_once(cell, args.jobs, args.provider_port)
             print(f"round {round_no} procs {cell.procs} concurrency {cell.concurrency}: "
                   f"{cell.seconds[-1]:.2f} s, {args.jobs / cell.seconds[-1]:,.0f} jobs/s, "
+                  f"{cell.claims[-1] + cell.batches[-1]:.3f} round trips/job, "
                   f"{cell.commits[-1]:.2f} commits/job", flush=True, file=sys.stderr)
     print(f"{args.jobs} queued prompts burnt down by `sa-core run-worker` against `sa-core fake-provider`; "
           f"median of {args.rounds} interleaved round(s)")
     print()
     print(table(cells, args.jobs))
     print()
-    print("seconds: worker start (start-up included) -> all jobs succeeded. commits/job: "
-          "pg_stat_database xact_commit delta / jobs, this script's polls excluded;")
-    print("every worker statement is one autocommit statement, so commits ~= database round trips.")
+    print("seconds: worker start (start-up included) -> all jobs succeeded. claims/job and batches/job:")
+    print("the workers' claim statements and finalize batches per job (their database round trips).")
+    print("commits/job: pg_stat_database xact_commit delta / jobs (this script's polls excluded),")
+    print("including each LISTENing worker's notification reads.")
 
 
 if __name__ == "__main__":

@@ -145,7 +145,9 @@ class Worker:
         finally:
             self._shutdown()
             heartbeat.join(timeout=5)
-        self.log.info("worker.stopped")
+        # NOTE: the database round trips this worker made, for operators and bench/throughput.py.
+        self.log.info("worker.stopped", claims=self.claim_rounds,
+                      finalize_batches=self.executor.completer.batches)
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
