@@ -74,7 +74,7 @@ def read_stats(url: str) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
-def round_trips(logs: list[IO[bytes]]) -> tuple[int, int]:
+def round_trips(logs: Sequence[IO[bytes]]) -> tuple[int, int]:
     """Sums the claims and finalize batches the workers reported when they stopped."""
     claims = batches = 0
     for log in logs:

@@ -14,17 +14,17 @@ a queued job written by `jobqueue.enqueue.enqueue`, one call (one commit) each.
   inside the claim statement): a little earlier than the task's real start.
 - noop: the same Worker, Executor and finalize in this process, with a provider stub that
   answers at once without HTTP (still a full finalize: response, edge, ledger, events), and a
-  NotificationListener wired to `Worker.on_job_event` the way tests/conftest.py wires it.
+  NotificationListener wired to `Worker.on_job_queued` the way tests/conftest.py wires it.
   Task start is the stub's call, as the libraries' runners take it. Both variants also
   report `claim_ms` (enqueue commit -> `running` event).
 
-The end of a burn-down is the receipt of the last `succeeded` notification (sent at commit).
+The end of a burn-down is the receipt of the notification (sent at commit) whose read shows the
+last `succeeded` event.
 Prints one `PEER_RESULT {json}` line like the other runners.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import socket
@@ -41,6 +41,7 @@ import psycopg
 
 from bench.common import VENV_BIN, spawn, wait_http
 from bench.peer_runners._runner import WARMUP_JOBS, build_parser, emit
+from jobqueue.completer import Completer
 from jobqueue.db import open_pool
 from jobqueue.enqueue import enqueue
 from jobqueue.executor import Executor
@@ -48,6 +49,7 @@ from jobqueue.listener import NotificationListener
 from jobqueue.logs import configure_logging
 from jobqueue.policy import BackoffConfig
 from jobqueue.provider import Completion, Provider
+from jobqueue.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.tokens import Caller
 from jobqueue.worker import Worker, WorkerConfig
 
@@ -61,6 +63,9 @@ FIRST_RUNNING_AT = """
 SELECT extract(epoch FROM min(at))::float8 AS at FROM sa_job_event WHERE to_state = 'running'
 """
 COUNTS = "SELECT state, count(*) AS n FROM sa_job GROUP BY state"
+LAST_EVENT = "SELECT coalesce(max(id), 0) FROM sa_job_event"
+NEW_EVENTS = "SELECT id, job_id, to_state FROM sa_job_event WHERE id > %s ORDER BY id"
+STATE_COUNT = "SELECT count(*) FROM sa_job WHERE state = %s"
 
 
 class StubProvider(Provider):
@@ -92,34 +97,51 @@ def _free_port() -> int:
 
 
 class Events:
-    """A LISTEN connection on sa_job_event, read in this thread."""
+    """Job transitions as they commit: a LISTEN on sa_job_event wakes this reader (the payload is
+    empty), which then reads the new sa_job_event rows by id.
+
+    One worker finalizes in one batch at a time, so its `succeeded` rows commit in id order; a row
+    that still committed behind the cursor is caught by the exact recount done whenever
+    notifications pause.
+    """
 
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute("LISTEN sa_job_event")
-        self.pending: list[dict[str, Any]] = []
+        row = self.conn.execute(LAST_EVENT).fetchone()
+        self.after = int(row[0]) if row else 0
 
-    def wait(self, match: Callable[[dict[str, Any]], bool], alive: Callable[[], None]) -> float:
-        """Blocks until an event matches; returns when it was received (time.time())."""
+    def _new(self) -> list[tuple[str, str]]:
+        rows = self.conn.execute(NEW_EVENTS, (self.after,)).fetchall()
+        if rows:
+            self.after = int(rows[-1][0])
+        return [(str(job_id), str(to_state)) for _, job_id, to_state in rows]
+
+    def wait(self, job_id: str, to_state: str, alive: Callable[[], None]) -> float:
+        """Blocks until `job_id` reaches `to_state`; returns when that was seen (time.time())."""
         deadline = time.monotonic() + EVENT_TIMEOUT
         while time.monotonic() < deadline:
-            for notify in self.conn.notifies(timeout=0.5):
+            for _ in self.conn.notifies(timeout=0.5, stop_after=1):
                 received = time.time()
-                if match(json.loads(notify.payload)):
+                if (job_id, to_state) in self._new():
                     return received
             alive()
-        raise TimeoutError("no matching sa_job_event notification in time")
+        raise TimeoutError(f"job {job_id} did not reach {to_state} in time")
 
     def count(self, to_state: str, n: int, alive: Callable[[], None], timeout: float) -> float:
-        """Blocks until `n` events to `to_state` arrived; returns when the last one did."""
+        """Blocks until `n` jobs reached `to_state`; returns when the last one was seen."""
         seen = 0
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            for notify in self.conn.notifies(timeout=0.5):
-                if json.loads(notify.payload)["to_state"] == to_state:
-                    seen += 1
-                    if seen >= n:
-                        return time.time()
+            for _ in self.conn.notifies(timeout=0.5, stop_after=1):
+                received = time.time()
+                seen += sum(1 for _, state in self._new() if state == to_state)
+                if seen >= n:
+                    return received
+            row = self.conn.execute(STATE_COUNT, (to_state,)).fetchone()
+            seen = int(row[0]) if row else seen
+            if seen >= n:
+                return time.time()
             alive()
         raise TimeoutError(f"only {seen} of {n} jobs reached {to_state} in time")
 
@@ -169,11 +191,14 @@ class Runner:
         self.stops.append(lambda: _end(worker))
 
     def _start_in_process(self) -> None:
-        pool = open_pool(self.url, name="worker", max_size=self.concurrency + 3)
+        pool = open_pool(self.url, name="worker", max_size=4)
         self.stops.append(pool.close)
-        executor = Executor(pool, self.stub, "noop", BackoffConfig())
+        completer = Completer(pool)
+        self.stops.append(completer.close)
+        executor = Executor(completer, self.stub, "noop", BackoffConfig())
         worker = Worker(pool, executor, WorkerConfig(concurrency=self.concurrency))
-        listener = NotificationListener(self.url, worker.on_job_event, worker.wake).start()
+        listener = NotificationListener(self.url, JOB_QUEUED_LISTEN, worker.on_job_queued,
+                                        worker.wake).start()
         self.stops.append(listener.stop)
         if not listener.listening.wait(10):
             raise RuntimeError("listener did not start")
@@ -231,13 +256,6 @@ def burndown(url: str, runner: Runner, jobs: int, timeout: float) -> dict[str, A
             "burndown_s": burndown_s, "jobs_per_s": jobs / burndown_s}
 
 
-def _succeeded(job_id: str) -> Callable[[dict[str, Any]], bool]:
-    def match(event: dict[str, Any]) -> bool:
-        return bool(event["job_id"] == job_id and event["to_state"] == "succeeded")
-
-    return match
-
-
 def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, Any]:
     pool = open_pool(url, name="bench-enqueue", max_size=1)
     events = Events(url)
@@ -252,7 +270,7 @@ def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, A
                 text = f"pickup {seq} {uuid.uuid4().hex[:6]}"
                 job_id = str(enqueue(pool, CALLER, text).job_id)
                 committed = time.time()
-                events.wait(_succeeded(job_id), runner.alive)
+                events.wait(job_id, "succeeded", runner.alive)
                 with pool.connection() as conn:
                     row = conn.execute(RUNNING_AT, (job_id,)).fetchone()
                 assert row is not None
