@@ -2,11 +2,69 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import sys
+import threading
+from typing import Any, BinaryIO
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["FLUSH_INTERVAL", "LineLogger", "configure_logging"]
+
+FLUSH_INTERVAL = 0.1
+"""Seconds an info line may wait in the buffer; warnings and errors are written at once."""
+
+
+class LineLogger:
+    """Writes rendered lines into a binary stream's buffer; a daemon thread flushes it every
+    FLUSH_INTERVAL, and warnings, errors and process exit flush at once.
+
+    PERF: structlog's PrintLogger flushes every line, a write(2) and a GIL release per log call;
+    with 32 job threads logging three lines per job those handoffs cost a third of a worker's
+    throughput. The price: a process killed outright (SIGKILL, OOM) loses at most
+    FLUSH_INTERVAL of info lines.
+    """
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self._stream = stream
+        self._flusher = threading.Thread(target=self._flush_forever, name="sa-log-flush", daemon=True)
+        self._flusher.start()
+        atexit.register(self._flush)
+
+    def info(self, message: str) -> None:
+        """Buffers one line."""
+        self._stream.write(message.encode() + b"\n")
+
+    def warning(self, message: str) -> None:
+        """Writes one line and flushes."""
+        self.info(message)
+        self._flush()
+
+    debug = info
+    msg = info
+    error = exception = critical = warning
+
+    def _flush(self) -> None:
+        # NOTE: stdout closed or gone (a reader hung up); logging must never kill the process.
+        with contextlib.suppress(OSError, ValueError):
+            self._stream.flush()
+
+    def _flush_forever(self) -> None:
+        stop = threading.Event()
+        while not stop.wait(FLUSH_INTERVAL):
+            self._flush()
+
+
+_LOGGER: LineLogger | None = None
+
+
+def _line_logger(*_args: Any) -> LineLogger:
+    global _LOGGER
+    if _LOGGER is None:
+        _LOGGER = LineLogger(sys.stdout.buffer)
+    return _LOGGER
 
 
 def configure_logging(level: int = logging.INFO) -> None:
@@ -20,6 +78,6 @@ def configure_logging(level: int = logging.INFO) -> None:
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
-        logger_factory=structlog.PrintLoggerFactory(),
+        logger_factory=_line_logger,
         cache_logger_on_first_use=True,
     )

@@ -328,6 +328,8 @@ def test_a_worker_serves_its_own_metrics_and_logs_each_transition_without_text(
         assert value(samples, "sa_job_transitions_total", from_state="running", to_state="succeeded") == 1
         assert value(samples, "sa_provider_request_seconds_count", outcome="ok") == 1
         assert value(samples, "sa_job_run_seconds_count") == 1
+        # NOTE: info lines are buffered, but reach the log within FLUSH_INTERVAL while it runs.
+        wait_for(lambda: '"job.finalized"' in log.read_text(), timeout=5)
         assert worker.poll() is None
     assert worker.returncode == 0
 
