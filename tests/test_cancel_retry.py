@@ -118,6 +118,23 @@ def test_cancelled_running_jobs_late_result_is_discarded(
         (None, "queued"), ("queued", "running"), ("running", "cancelled")]
 
 
+def test_a_cancelled_jobs_slot_takes_new_work_while_its_provider_call_still_hangs(
+    client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    worker = workers.start(concurrency=1, heartbeat_interval=0.1)
+    hung = submit(client, auth, text=f"never answers [fake:hang] {uuid.uuid4()}")["job_id"]
+    wait_for(lambda: job_row(pool, hung)["state"] == "running")
+    assert client.simulate_post(f"{API}/jobs/{hung}/cancel", headers=auth).status_code == 200
+    wait_for(lambda: worker.inflight == 0)
+
+    follower = submit(client, auth, text="next in line")["job_id"]
+
+    # NOTE: well before the hung call's own timeout (settings.provider_timeout, 5 s in tests).
+    wait_for(lambda: job_row(pool, follower)["state"] == "succeeded", timeout=3)
+    assert job_row(pool, hung)["state"] == "cancelled"
+
+
 def test_cancel_of_a_terminal_job_answers_409(
     client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
     pool: ConnectionPool[DictConnection],
