@@ -15,7 +15,8 @@ from jobqueue.errors import Conflict, InvalidInput, JobQueueError, NotFound, Que
 from jobqueue.events import EventHub
 from jobqueue.logs import configure_logging
 from jobqueue.settings import Settings
-from service.auth import API_PREFIX, AuthMiddleware
+from jobqueue.tokens import InvalidToken
+from service.auth import API_PREFIX, AuthMiddleware, invalid_token
 from service.middleware import RequestContextMiddleware
 from service.middleware_security import (
     QueryParamsMiddleware,
@@ -50,6 +51,11 @@ def _domain_error(req: falcon.Request, resp: falcon.Response, ex: Exception, par
     status = next((s for cls, s in _STATUS.items() if isinstance(ex, cls)), falcon.HTTP_400)
     headers = {"Retry-After": str(ex.retry_after)} if isinstance(ex, QueueFull) else None
     raise falcon.HTTPError(status, title=ex.title, description=ex.description, headers=headers)
+
+
+def _invalid_token(req: falcon.Request, resp: falcon.Response, ex: Exception,
+                   params: Any) -> None:
+    raise invalid_token()
 
 
 def _database_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
@@ -126,4 +132,5 @@ def create_app(
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(psycopg.OperationalError, _database_down)
     app.add_error_handler(JobQueueError, _domain_error)
+    app.add_error_handler(InvalidToken, _invalid_token)
     return app

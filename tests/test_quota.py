@@ -112,7 +112,7 @@ def test_the_cap_count_is_served_by_the_queued_index(many_jobs: DictConnection) 
     many_jobs.execute("UPDATE sa_job SET state = 'cancelled' WHERE random() < 0.9")
     many_jobs.execute("ANALYZE sa_job")
     nodes = plan_nodes(many_jobs, entity_q.PROMPT_INSERT_WITH_JOB, {
-        "parent_id": None, "org_id": 7, "user_id": 1, "text": "x", "priority": 50,
+        "parent_id": None, "org_id": 7, "user_id": 1, "token_hash": None, "text": "x", "priority": 50,
         "max_attempts": 3, "options": Jsonb({}), "max_queued": 10_000, "idempotency_key": "k",
         "request_hash": b"\0" * 32, "key_ttl": 86400, "prompt_id": uuid.uuid4(),
         "job_id": uuid.uuid4()})

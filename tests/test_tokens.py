@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import falcon.testing
@@ -14,10 +15,14 @@ from psycopg_pool import ConnectionPool
 from jobqueue import tokens
 from jobqueue.cli import main
 from jobqueue.db import DictConnection
+from jobqueue.settings import Settings
 from jobqueue.token_commands import parse_expiry
+from service.app import create_app
+from service.auth import DEFERRED_MAX_BODY_BYTES
 from tests.conftest import fetch_one
 
 JOBS = "/sa-core/v1/mission/recent"
+PROMPT = "/sa-core/v1/prompt"
 
 
 @pytest.fixture
@@ -61,6 +66,45 @@ def test_revoking_by_token_or_by_id_stops_it_at_once(
     cli.readouterr()
     assert main(["revoke-token", str(first["id"])]) == 0
     assert "was already revoked" in cli.readouterr().out
+
+
+def jobs_written(pool: ConnectionPool[DictConnection]) -> int:
+    return int(fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"])
+
+
+@pytest.mark.parametrize("cap", [0, 100], ids=["uncapped", "capped"])
+def test_a_submit_checks_its_token_in_the_enqueue_and_a_revoke_or_expiry_applies_at_once(
+    settings: Settings, pool: ConnectionPool[DictConnection], cli: pytest.CaptureFixture[str],
+    cap: int,
+) -> None:
+    # NOTE: POST /prompt has no lookup of its own (the enqueue statement checks the token, or
+    # the capped path looks it up before the org's lock); both must refuse at once.
+    client = falcon.testing.TestClient(create_app(replace(settings, org_max_queued=cap), pool))
+    revoked, expiring = created(cli), created(cli)
+    for issued in (revoked, expiring):
+        accepted = client.simulate_post(PROMPT, json={"text": "hi"}, headers=bearer(issued["token"]))
+        assert accepted.status_code == 202, accepted.text
+    assert main(["revoke-token", str(revoked["id"])]) == 0
+    with pool.connection() as conn:
+        conn.execute("UPDATE sa_api_token SET expires_at = now() - interval '1 second' WHERE id = %s",
+                     (expiring["id"],))
+    before = jobs_written(pool)
+    for issued in (revoked, expiring):
+        refused = client.simulate_post(PROMPT, json={"text": "hi"}, headers=bearer(issued["token"]))
+        assert refused.status_code == 401 and refused.json["title"] == "Invalid token"
+        assert refused.headers["www-authenticate"] == "Bearer"
+    assert jobs_written(pool) == before
+
+
+def test_a_submit_with_a_large_body_is_refused_for_its_token_before_its_body_is_read(
+    client: falcon.testing.TestClient,
+) -> None:
+    large = {"text": "x" * DEFERRED_MAX_BODY_BYTES, "unknown": 1}
+    refused = client.simulate_post(PROMPT, json=large, headers=bearer("sa_not-a-real-token"))
+    assert refused.status_code == 401 and refused.json["title"] == "Invalid token"
+    # NOTE: a small body is validated first: its token is checked by the enqueue statement.
+    small = client.simulate_post(PROMPT, json={"unknown": 1}, headers=bearer("sa_not-a-real-token"))
+    assert small.status_code == 422
 
 
 @pytest.mark.parametrize("unknown", ["sa_no-such-token", "999999", str(2**64), "-1", ""])

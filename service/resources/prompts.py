@@ -35,11 +35,15 @@ class PromptCollection:
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         request = parse_prompt(req.get_media(), self._max_chars)
+        # NOTE: AuthMiddleware leaves the token unchecked on this route (DEFERRED_ROUTES) unless
+        # the body is large; the enqueue statement then checks it (InvalidToken answers 401).
+        caller = getattr(req.context, "caller", None) or req.context.token
         done = enqueue(
-            self._pool, req.context.caller, request.text, parent_id=request.parent_id,
+            self._pool, caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
         )
+        req.context.caller = done.caller
         resp.status = falcon.HTTP_202
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")
