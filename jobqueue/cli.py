@@ -29,7 +29,7 @@ from jobqueue.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.reclaim import Reclaimer
 from jobqueue.settings import Settings, SettingsError
 from jobqueue.token_commands import add_token_commands
-from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
 
 __all__ = ["main"]
 
@@ -184,8 +184,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="most jobs claimed at once (default: --concurrency)")
     worker.add_argument("--priority-ceiling", type=_priority, default=100,
                         help="claim only jobs with priority <= N")
-    worker.add_argument("--concurrency", type=_positive, default=4,
-                        help="jobs run at once (threads)")
+    worker.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY,
+                        help=f"jobs run at once (threads; default {DEFAULT_CONCURRENCY})")
     worker.set_defaults(func=_run_worker)
 
     sub.add_parser(

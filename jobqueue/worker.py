@@ -19,7 +19,11 @@ from jobqueue.db import DictConnection
 from jobqueue.executor import Executor, Outcome, RunControl
 from jobqueue.queries import job as q
 
-__all__ = ["Worker", "WorkerConfig", "new_worker_id"]
+__all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
+
+# NOTE: provider calls take seconds and job threads mostly wait on the network, so a process runs
+# many at once; the provider's rate limits, not the CPU, usually set the useful maximum.
+DEFAULT_CONCURRENCY = 32
 
 log = structlog.get_logger(__name__)
 
@@ -33,7 +37,7 @@ def new_worker_id() -> str:
 class WorkerConfig:
     """How much a worker runs at once and how often it polls and heartbeats."""
 
-    concurrency: int = 4
+    concurrency: int = DEFAULT_CONCURRENCY
     batch_size: int | None = None
     priority_ceiling: int = 100
     org_max_running: int = 0
