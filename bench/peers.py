@@ -1,7 +1,7 @@
 """Side by side: sa-core's queue against pgqueuer, procrastinate and oban on the same Postgres.
 
 Usage: .venv/bin/python -m bench.peers [--jobs 5000] [--rounds 3] [--pickups 200]
-       [--only sa-core,sa-core-noop,pgqueuer,procrastinate,oban] [--concurrency 10]
+       [--only sa-core,sa-core-noop,pgqueuer,procrastinate,oban] [--concurrency 32]
 
 Each contender runs as a child process (bench/peer_runners/) against its own throwaway database
 on the same server, in two measurements:
@@ -51,6 +51,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import REPO, format_table, percentile, scratch_database
 from jobqueue.embedded_db import admin_conninfo
+from jobqueue.worker import DEFAULT_CONCURRENCY
 
 RUNNERS = REPO / "bench" / "peer_runners"
 VENVS = REPO / ".sa-core" / "bench-venvs"
@@ -355,8 +356,9 @@ def main() -> None:
     parser.add_argument("--pickups", type=int, default=200)
     parser.add_argument("--pickup-budget", type=float, default=60.0,
                         help="seconds of pick-up sampling per run at most (a polling worker is slow)")
-    parser.add_argument("--concurrency", type=int, default=10,
-                        help="jobs at once in the one worker process of every contender")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
+                        help="jobs at once in the one worker process of every contender "
+                             "(default: sa-core run-worker's)")
     parser.add_argument("--only", default=",".join(c.name for c in contenders()))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child run")
     parser.add_argument("--reinstall", action="store_true", help="rebuild the cached venvs")

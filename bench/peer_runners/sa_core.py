@@ -18,8 +18,9 @@ a queued job written by `jobqueue.enqueue.enqueue`, one call (one commit) each.
   Task start is the stub's call, as the libraries' runners take it. Both variants also
   report `claim_ms` (enqueue commit -> `running` event).
 
-The end of a burn-down is the receipt of the notification (sent at commit) whose read shows the
-last `succeeded` event.
+The end of a burn-down is the last `succeeded` event's `at` (clock_timestamp() in the finalize,
+just before its commit), read once every job succeeded: the database's view, as the other
+runners take it, and no reader busy on the machine while the worker runs.
 Prints one `PEER_RESULT {json}` line like the other runners.
 """
 
@@ -63,9 +64,10 @@ FIRST_RUNNING_AT = """
 SELECT extract(epoch FROM min(at))::float8 AS at FROM sa_job_event WHERE to_state = 'running'
 """
 COUNTS = "SELECT state, count(*) AS n FROM sa_job GROUP BY state"
-LAST_EVENT = "SELECT coalesce(max(id), 0) FROM sa_job_event"
-NEW_EVENTS = "SELECT id, job_id, to_state FROM sa_job_event WHERE id > %s ORDER BY id"
+JOB_STATE = "SELECT state FROM sa_job WHERE id = %s"
 STATE_COUNT = "SELECT count(*) FROM sa_job WHERE state = %s"
+LAST_SUCCEEDED_AT = ("SELECT extract(epoch FROM max(at))::float8 FROM sa_job_event "
+                     "WHERE to_state = 'succeeded'")
 
 
 class StubProvider(Provider):
@@ -97,56 +99,47 @@ def _free_port() -> int:
 
 
 class Events:
-    """Job transitions as they commit: a LISTEN on sa_job_event wakes this reader (the payload is
-    empty), which then reads the new sa_job_event rows by id.
-
-    One worker finalizes in one batch at a time, so its `succeeded` rows commit in id order; a row
-    that still committed behind the cursor is caught by the exact recount done whenever
-    notifications pause.
-    """
+    """A LISTEN on sa_job_event (empty payloads, sent at commit) to follow one job at a time."""
 
     def __init__(self, url: str) -> None:
         self.conn = psycopg.connect(url, autocommit=True)
         self.conn.execute("LISTEN sa_job_event")
-        row = self.conn.execute(LAST_EVENT).fetchone()
-        self.after = int(row[0]) if row else 0
-
-    def _new(self) -> list[tuple[str, str]]:
-        rows = self.conn.execute(NEW_EVENTS, (self.after,)).fetchall()
-        if rows:
-            self.after = int(rows[-1][0])
-        return [(str(job_id), str(to_state)) for _, job_id, to_state in rows]
 
     def wait(self, job_id: str, to_state: str, alive: Callable[[], None]) -> float:
-        """Blocks until `job_id` reaches `to_state`; returns when that was seen (time.time())."""
+        """Blocks until `job_id` is in `to_state`; returns when the notification of that commit
+        arrived (time.time())."""
         deadline = time.monotonic() + EVENT_TIMEOUT
         while time.monotonic() < deadline:
+            received = None
+            # NOTE: the notifies() generator holds the connection's lock while suspended, so
+            # the job is read only once it has finished.
             for _ in self.conn.notifies(timeout=0.5, stop_after=1):
                 received = time.time()
-                if (job_id, to_state) in self._new():
+            if received is not None:
+                row = self.conn.execute(JOB_STATE, (job_id,)).fetchone()
+                if row is not None and row[0] == to_state:
                     return received
             alive()
         raise TimeoutError(f"job {job_id} did not reach {to_state} in time")
 
-    def count(self, to_state: str, n: int, alive: Callable[[], None], timeout: float) -> float:
-        """Blocks until `n` jobs reached `to_state`; returns when the last one was seen."""
-        seen = 0
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for _ in self.conn.notifies(timeout=0.5, stop_after=1):
-                received = time.time()
-                seen += sum(1 for _, state in self._new() if state == to_state)
-                if seen >= n:
-                    return received
-            row = self.conn.execute(STATE_COUNT, (to_state,)).fetchone()
-            seen = int(row[0]) if row else seen
-            if seen >= n:
-                return time.time()
-            alive()
-        raise TimeoutError(f"only {seen} of {n} jobs reached {to_state} in time")
-
     def close(self) -> None:
         self.conn.close()
+
+
+def last_success(url: str, n: int, alive: Callable[[], None], timeout: float) -> float:
+    """Waits (polling every 0.1 s) until `n` jobs succeeded; returns when the last one did,
+    as the database stamped it (its `succeeded` event's `at`), like the other runners."""
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute(STATE_COUNT, ("succeeded",)).fetchone()
+            if row is not None and row[0] >= n:
+                last = conn.execute(LAST_SUCCEEDED_AT).fetchone()
+                assert last is not None
+                return float(last[0])
+            alive()
+            time.sleep(0.1)
+    raise TimeoutError(f"not all {n} jobs succeeded in time")
 
 
 class Runner:
@@ -234,12 +227,8 @@ def burndown(url: str, runner: Runner, jobs: int, timeout: float) -> dict[str, A
         enqueue_s = time.perf_counter() - started
     finally:
         pool.close()
-    events = Events(url)
-    try:
-        with runner.worker():
-            finished = events.count("succeeded", jobs, runner.alive, timeout)
-    finally:
-        events.close()
+    with runner.worker():
+        finished = last_success(url, jobs, runner.alive, timeout)
     if runner.variant == "full":
         with psycopg.connect(url) as conn:
             row = conn.execute(FIRST_RUNNING_AT).fetchone()
