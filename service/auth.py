@@ -27,8 +27,8 @@ DEFERRED_ROUTES = frozenset({("POST", f"{API_PREFIX}/prompt")})
 
 PERF: POST /prompt is the hot path; its enqueue statement checks the token (jobqueue.enqueue),
 which saves the separate lookup's round trip. The token is still checked on every request, so a
-revoke takes effect at once. Its body is then validated before the token is checked: a request
-with a bad token and a bad body answers 4xx for the body instead of 401, and writes nothing.
+revoke takes effect at once. A body the resource refuses has its token looked up first, so a bad
+token answers 401 whatever the body, as on every other route.
 """
 
 DEFERRED_MAX_BODY_BYTES = 16_384
