@@ -55,6 +55,7 @@ from jobqueue.worker import DEFAULT_CONCURRENCY
 
 RUNNERS = REPO / "bench" / "peer_runners"
 VENVS = REPO / ".sa-core" / "bench-venvs"
+UV_BOOTSTRAP_BIN = REPO / ".sa-core" / "uv-bootstrap" / "bin"
 RESULT_PREFIX = "PEER_RESULT "
 STAMP = ".sa-core-bench.json"
 
@@ -134,9 +135,10 @@ def ensure_venv(venv: Venv, reinstall: bool) -> None:
         with open(stamp) as handle:
             if json.load(handle) == wanted and _python_version(str(venv.bin_python)):
                 return
-    uv = shutil.which("uv")
+    # NOTE: where the Makefile finds or installs uv: PATH, else its bootstrap venv.
+    uv = shutil.which("uv") or shutil.which("uv", path=str(UV_BOOTSTRAP_BIN))
     if uv is None:
-        raise RuntimeError("uv is not on PATH")
+        raise RuntimeError(f"uv is neither on PATH nor in {UV_BOOTSTRAP_BIN} (run `make venv`)")
     python = venv.python()
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     steps = [[uv, "venv", "--quiet", "--clear", "-p", python, str(venv.path)],
