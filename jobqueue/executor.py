@@ -153,4 +153,3 @@ class Executor:
 
 
 _TO_STATE = {Outcome.SUCCEEDED: "succeeded", Outcome.REQUEUED: "queued", Outcome.FAILED: "failed"}
-

@@ -99,13 +99,14 @@ def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> 
     """
     groups = [(statement, group) for to_state, statement in _STATEMENTS.items()
               if (group := [f for f in finishes if f.to_state == to_state])]
-    won: set[uuid.UUID] = set()
+    won: set[tuple[uuid.UUID, int]] = set()
     # PERF: one statement is atomic on its own; BEGIN and COMMIT would be two more round trips.
     with pool.connection() as conn, conn.transaction() if len(groups) > 1 else contextlib.nullcontext():
         for statement, group in groups:
             params = {name: [f.row[name] for f in group] for name in group[0].row}
-            won.update(r["id"] for r in conn.execute(statement, params).fetchall())
-    results = [f.job.id in won for f in finishes]
+            won.update((r["id"], r["attempt"]) for r in conn.execute(statement, params).fetchall())
+    # NOTE: by (id, attempt): a batch may hold a stale attempt of a job next to its current one.
+    results = [(f.job.id, f.job.attempt) in won for f in finishes]
     now = time.monotonic()
     for f, ok in zip(finishes, results, strict=True):
         if not ok:

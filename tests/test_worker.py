@@ -91,6 +91,26 @@ def test_one_batch_finishes_each_job_by_its_own_outcome_and_skips_a_lost_claim(
     assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 3, "audit": 1}
 
 
+def test_a_stale_attempt_next_to_the_current_one_in_a_batch_writes_nothing(
+    pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    enqueue(pool, caller, "claimed twice by one worker")
+    [stale] = claim(pool, "worker-a", 1, 100)
+    with pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET state = 'queued', worker_claim = NULL, attempt = 2 "
+                     "WHERE id = %s", (stale.id,))
+    [fresh] = claim(pool, "worker-a", 1, 100)
+    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+
+    won = finalize.finish(pool, [finalize.succeeded(stale, "late", call),
+                                 finalize.succeeded(fresh, "current", call)])
+
+    assert won == [False, True]
+    assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
+    assert fetch_one(pool, "SELECT content FROM sa_entity WHERE kind = 'response'")["content"] == (
+        "current")
+
+
 def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
     pool: ConnectionPool[DictConnection], caller: Caller, database_url: str,
 ) -> None:

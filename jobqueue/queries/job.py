@@ -126,8 +126,9 @@ def _finish_many_if_claimed(extra_columns: tuple[tuple[str, str], ...], set_clau
                             writes: str, outcome: str) -> str:
     """Builds (at import) a claim-guarded batch UPDATE of sa_job, `writes` and a ledger row per job.
 
-    `done` is the batch (one row per job), `job` the rows the UPDATE matched; both can be read
-    by `set_clause` (as done.*), `writes` and `outcome` (an expression over done).
+    `done` is the batch (one row per job), `job` the rows the UPDATE matched, with the attempt
+    they were claimed at; both can be read by `set_clause` (as done.*), `writes` and `outcome`
+    (an expression over done). The answer is (id, attempt) per job written.
     """
     columns = _CALL_COLUMNS + extra_columns
     arrays = ", ".join(f"%({name})s::{kind}[]" for name, kind in columns)
@@ -143,20 +144,21 @@ WITH done AS (
        AND j.state = 'running'
        AND j.worker_claim = done.claim
        AND j.attempt = done.attempt
-    RETURNING j.id, j.prompt_id, j.org_id, j.created_by
+    RETURNING j.id, done.attempt, j.prompt_id, j.org_id, j.created_by
 ), {writes}ledger AS (
     INSERT INTO sa_ledger (org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
                            http_status, outcome)
     SELECT job.org_id, job.id, done.attempt, done.model, done.tokens_in, done.tokens_out,
            done.latency_ms, done.http_status, {outcome}
-      FROM job JOIN done ON done.job_id = job.id
+      FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
 )
-SELECT id FROM job
+SELECT id, attempt FROM job
 """
 
 
 # served by sa_job_pkey (id). The response entity, the flows-to edge and the audit row select
-# FROM the jobs the UPDATE matched, so they exist only for those. response_id's foreign key is
+# FROM the jobs the UPDATE matched, so they exist only for those (the statement fails as a
+# whole if any insert does). response_id's foreign key is
 # deferred to commit because the entity is written alongside.
 JOB_SUCCEED_MANY_IF_CLAIMED = _finish_many_if_claimed(
     (("response_id", "uuid"), ("content", "text")),
@@ -168,7 +170,7 @@ JOB_SUCCEED_MANY_IF_CLAIMED = _finish_many_if_claimed(
     SELECT done.response_id, 'response', job.org_id, job.created_by, job.prompt_id,
            prompt.correlation_id, job.prompt_id, done.content, '[]'::jsonb, 'generated', 'settled'
       FROM job
-      JOIN done ON done.job_id = job.id
+      JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
       JOIN sa_entity prompt ON prompt.id = job.prompt_id
     RETURNING id, parent_id, org_id, created_by
 ), edge AS (
@@ -176,9 +178,9 @@ JOB_SUCCEED_MANY_IF_CLAIMED = _finish_many_if_claimed(
     SELECT org_id, 'flows-to', parent_id, id FROM response
 ), audit AS (
     INSERT INTO sa_audit (org_id, actor_id, action, entity_id, job_id, detail)
-    SELECT response.org_id, response.created_by, 'response.created', response.id, done.job_id,
-           jsonb_build_object('prompt_id', response.parent_id, 'attempt', done.attempt)
-      FROM response JOIN done ON done.response_id = response.id
+    SELECT job.org_id, job.created_by, 'response.created', done.response_id, job.id,
+           jsonb_build_object('prompt_id', job.prompt_id, 'attempt', done.attempt)
+      FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
 ), """,
     "'succeeded'",
 )
