@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import select
@@ -10,6 +11,7 @@ import ssl
 import threading
 import time
 import urllib.parse
+import urllib.request
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -61,7 +63,8 @@ class Provider:
 
     PERF: the stdlib client costs about a quarter of httpx's CPU per call, and a connection of
     its own per job thread means no pool lock for 32 threads to queue on. Safe to share between
-    threads. Proxies from the environment are not used.
+    threads. An http:// proxy named by HTTPS_PROXY / HTTP_PROXY / ALL_PROXY is used unless
+    NO_PROXY exempts the provider's host (https through a CONNECT tunnel, http by absolute URL).
     """
 
     def __init__(self, base_url: str, api_key: str, timeout: float) -> None:
@@ -72,12 +75,20 @@ class Provider:
         self._host = url.hostname
         self._port = url.port or (443 if self._tls else 80)
         self._path = url.path.rstrip("/") + "/chat/completions"
+        self._proxy = _environment_proxy(url.scheme, self._host)
+        proxy_headers = _proxy_authorization(self._proxy)
+        self._tunnel_headers = proxy_headers if self._tls is not None else {}
+        if self._proxy is not None and self._tls is None:
+            # NOTE: a plain-http request through a proxy names its whole URL (absolute form).
+            self._path = f"http://{self._host}:{self._port}{self._path}"
         self._timeout = timeout
         self._connect_timeout = min(10.0, timeout)
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          "User-Agent": "sa-core"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
+        if self._tls is None:
+            self._headers.update(proxy_headers)
         self._local = threading.local()
         self._lock = threading.Lock()
         self._open: set[http.client.HTTPConnection] = set()
@@ -152,11 +163,16 @@ class Provider:
             return conn
         if conn is not None:
             self._drop()
+        host, port = self._host, self._port
+        if self._proxy is not None:
+            host, port = self._proxy.hostname or "", self._proxy.port or 80
         if self._tls is not None:
-            conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._connect_timeout,
+            conn = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout,
                                                context=self._tls)
+            if self._proxy is not None:
+                conn.set_tunnel(self._host, self._port, headers=self._tunnel_headers)
         else:
-            conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
+            conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
         conn.connect()
         assert conn.sock is not None
         conn.sock.settimeout(self._timeout)
@@ -174,6 +190,30 @@ class Provider:
         self._local.conn = None
         with self._lock:
             self._open.discard(conn)
+
+
+def _environment_proxy(scheme: str, host: str) -> urllib.parse.SplitResult | None:
+    """The proxy the environment names for `scheme`, or None (none named, or NO_PROXY exempts `host`).
+
+    Raises:
+        ValueError: the proxy is not an http:// URL.
+    """
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    parsed = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    if parsed.scheme != "http" or not parsed.hostname:
+        raise ValueError(f"the {scheme} proxy must be http://host[:port], not {proxy!r}")
+    return parsed
+
+
+def _proxy_authorization(proxy: urllib.parse.SplitResult | None) -> dict[str, str]:
+    """The Proxy-Authorization header for a proxy URL with user:password, else nothing."""
+    if proxy is None or proxy.username is None:
+        return {}
+    credentials = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
+    return {"Proxy-Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
 
 
 def _idle_socket_readable(sock: socket.socket) -> bool:

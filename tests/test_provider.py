@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import socket
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,12 +22,17 @@ MESSAGES = [{"role": "user", "content": "hello"}]
 
 
 class _ClosingServer:
-    """Answers one request per connection with a keep-alive 200, then closes it (an idle timeout)."""
+    """Answers one request per connection with a keep-alive 200, then closes it (an idle timeout).
 
-    def __init__(self) -> None:
+    With `tls` it speaks HTTPS; every request head it read is kept in `heads`.
+    """
+
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
         self._sock = socket.create_server(("127.0.0.1", 0))
+        self._tls = tls
         self.port = self._sock.getsockname()[1]
         self.connections = 0
+        self.heads: list[bytes] = []
         self.hung_up = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -30,15 +40,21 @@ class _ClosingServer:
     def _serve(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                raw, _ = self._sock.accept()
             except OSError:
                 return
             self.connections += 1
+            try:
+                conn = self._tls.wrap_socket(raw, server_side=True) if self._tls else raw
+            except ssl.SSLError:
+                raw.close()
+                continue
             with conn:
                 request = b""
                 while b"\r\n\r\n" not in request:
                     request += conn.recv(65536)
                 head, _, body = request.partition(b"\r\n\r\n")
+                self.heads.append(head)
                 length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                               if line.lower().startswith(b"content-length:"))
                 while len(body) < length:
@@ -51,6 +67,43 @@ class _ClosingServer:
 
     def close(self) -> None:
         self._sock.close()
+
+
+class _ConnectProxy:
+    """An HTTP proxy that only tunnels (CONNECT), relaying bytes both ways; keeps each CONNECT head."""
+
+    def __init__(self) -> None:
+        self._sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.heads: list[bytes] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self._sock.accept()
+            except OSError:
+                return
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += client.recv(65536)
+            self.heads.append(head.split(b"\r\n\r\n")[0])
+            host, _, port = head.split()[1].decode().rpartition(":")
+            upstream = socket.create_connection((host, int(port)))
+            client.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=_relay, args=(src, dst), daemon=True).start()
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def _relay(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while data := src.recv(65536):
+            dst.sendall(data)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)
 
 
 @pytest.fixture
@@ -123,3 +176,63 @@ def test_an_unreachable_provider_is_an_unknown_failure() -> None:
 def test_a_provider_url_that_is_not_http_is_refused_at_start() -> None:
     with pytest.raises(ValueError, match="provider URL must be http"):
         Provider("ftp://example.com", "", 5.0)
+
+
+def test_a_plain_http_provider_is_reached_through_the_environments_proxy_with_its_credentials(
+    closing_server: _ClosingServer, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("HTTP_PROXY", f"http://bot:s%40cret@127.0.0.1:{closing_server.port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    provider = Provider("http://llm.internal:8080/v1", "", 5.0)
+    try:
+        assert provider.complete("m", MESSAGES).content == "hi"
+    finally:
+        provider.close()
+    [head] = closing_server.heads
+    assert head.startswith(b"POST http://llm.internal:8080/v1/chat/completions HTTP/1.1\r\n")
+    assert b"Proxy-Authorization: Basic " + base64.b64encode(b"bot:s@cret") in head
+
+
+def test_no_proxy_exempts_the_providers_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as reserved:
+        dead_proxy = reserved.getsockname()[1]
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{dead_proxy}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    with FakeProvider() as fake:
+        provider = Provider(fake.url, "", 5.0)
+        try:
+            assert provider.complete("m", MESSAGES).content == "echo[1]: user:hello"
+        finally:
+            provider.close()
+
+
+def test_an_https_provider_is_reached_through_a_connect_tunnel_and_its_certificate_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(cert, key)
+    target, proxy = _ClosingServer(tls), _ConnectProxy()
+    monkeypatch.setenv("HTTPS_PROXY", f"http://127.0.0.1:{proxy.port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    try:
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        trusted = Provider(f"https://127.0.0.1:{target.port}", "", 5.0)
+        assert trusted.complete("m", MESSAGES).content == "hi"
+        trusted.close()
+        monkeypatch.delenv("SSL_CERT_FILE")
+        untrusted = Provider(f"https://127.0.0.1:{target.port}", "", 5.0)
+        with pytest.raises(ProviderFailure, match="SSLCertVerificationError"):
+            untrusted.complete("m", MESSAGES)
+        untrusted.close()
+    finally:
+        target.close()
+        proxy.close()
+    assert [h.split(b"\r\n")[0] for h in proxy.heads] == [
+        f"CONNECT 127.0.0.1:{target.port} HTTP/1.0".encode()] * 2
+    assert target.connections == 2 and len(target.heads) == 1
