@@ -17,7 +17,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue import finalize
-from jobqueue.claim import claim
+from jobqueue.claim import ClaimedJob, claim
 from jobqueue.completer import Completer
 from jobqueue.db import DictConnection
 from jobqueue.enqueue import enqueue
@@ -40,15 +40,22 @@ LOCK_WAITS = ("SELECT count(*) AS n FROM pg_stat_activity "
               "WHERE datname = current_database() AND wait_event_type = 'Lock'")
 
 
-def test_a_stale_claim_writes_nothing_and_the_new_owner_wins(
-    pool: ConnectionPool[DictConnection], caller: Caller,
-) -> None:
-    enqueue(pool, caller, "contested")
-    [stale] = claim(pool, "worker-a", 1, 100)
+def claimed_twice(pool: ConnectionPool[DictConnection], caller: Caller, first: str,
+                  second: str) -> tuple[ClaimedJob, ClaimedJob]:
+    """One job claimed by `first`, put back as if reclaimed, and claimed again by `second`."""
+    enqueue(pool, caller, "claimed twice")
+    [stale] = claim(pool, first, 1, 100)
     with pool.connection() as conn:
         conn.execute("UPDATE sa_job SET state = 'queued', worker_claim = NULL, attempt = 2 "
                      "WHERE id = %s", (stale.id,))
-    [fresh] = claim(pool, "worker-b", 1, 100)
+    [fresh] = claim(pool, second, 1, 100)
+    return stale, fresh
+
+
+def test_a_stale_claim_writes_nothing_and_the_new_owner_wins(
+    pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    stale, fresh = claimed_twice(pool, caller, "worker-a", "worker-b")
     call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
 
     assert finalize.finish(pool, [finalize.succeeded(stale, "late answer", call)]) == [False]
@@ -94,12 +101,7 @@ def test_one_batch_finishes_each_job_by_its_own_outcome_and_skips_a_lost_claim(
 def test_a_stale_attempt_next_to_the_current_one_in_a_batch_writes_nothing(
     pool: ConnectionPool[DictConnection], caller: Caller,
 ) -> None:
-    enqueue(pool, caller, "claimed twice by one worker")
-    [stale] = claim(pool, "worker-a", 1, 100)
-    with pool.connection() as conn:
-        conn.execute("UPDATE sa_job SET state = 'queued', worker_claim = NULL, attempt = 2 "
-                     "WHERE id = %s", (stale.id,))
-    [fresh] = claim(pool, "worker-a", 1, 100)
+    stale, fresh = claimed_twice(pool, caller, "worker-a", "worker-a")
     call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
 
     won = finalize.finish(pool, [finalize.succeeded(stale, "late", call),
