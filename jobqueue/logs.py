@@ -7,6 +7,7 @@ import contextlib
 import logging
 import sys
 import threading
+import time
 from typing import Any
 
 import structlog
@@ -29,12 +30,15 @@ class LineLogger:
     """
 
     def __init__(self) -> None:
+        self._pending = threading.Event()
         threading.Thread(target=self._flush_forever, name="sa-log-flush", daemon=True).start()
         atexit.register(self._flush)
 
     def info(self, message: str) -> None:
         """Buffers one line."""
         sys.stdout.write(message + "\n")
+        if not self._pending.is_set():
+            self._pending.set()
 
     def warning(self, message: str) -> None:
         """Writes one line and flushes."""
@@ -52,8 +56,10 @@ class LineLogger:
             sys.stdout.flush()
 
     def _flush_forever(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(FLUSH_INTERVAL):
+        # NOTE: sleeps while nothing is written, so an idle process does not wake up for logs.
+        while self._pending.wait():
+            time.sleep(FLUSH_INTERVAL)
+            self._pending.clear()
             self._flush()
 
 
