@@ -12,10 +12,10 @@ from types import FrameType
 from psycopg_pool import ConnectionPool
 
 from jobqueue import fake_provider
+from jobqueue.cli_pool import with_cli_pool
 from jobqueue.completer import Completer
 from jobqueue.control import cancel_job, retry_job
 from jobqueue.db import DictConnection, open_pool
-from jobqueue.errors import JobQueueError
 from jobqueue.executor import Executor
 from jobqueue.exposition import start_worker_metrics_server
 from jobqueue.listener import NotificationListener
@@ -107,19 +107,6 @@ def _run_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_cli_pool(action: Callable[[ConnectionPool[DictConnection]], str]) -> int:
-    """Runs one operator action; prints its result, or its error on stderr with exit code 1."""
-    pool = open_pool(Settings.from_env().database_url, name="cli", max_size=1)
-    try:
-        print(action(pool))
-    except JobQueueError as exc:
-        print(f"sa-core: {exc.description}", file=sys.stderr)
-        return 1
-    finally:
-        pool.close()
-    return 0
-
-
 def _reclaim_stuck_jobs(args: argparse.Namespace) -> int:
     config = Reclaimer.Config.from_settings(Settings.from_env())
 
@@ -127,7 +114,7 @@ def _reclaim_stuck_jobs(args: argparse.Namespace) -> int:
         counts = Reclaimer(pool, config).run_once()
         return f"requeued {counts.requeued} job(s), failed {counts.failed} as stuck"
 
-    return _with_cli_pool(reclaim)
+    return with_cli_pool(reclaim)
 
 
 def _cancel_job(args: argparse.Namespace) -> int:
@@ -135,7 +122,7 @@ def _cancel_job(args: argparse.Namespace) -> int:
         job = cancel_job(pool, args.job_id, None)
         return f"job {job['id']} cancelled (prompt {job['prompt_id']}, org {job['org_id']})"
 
-    return _with_cli_pool(cancel)
+    return with_cli_pool(cancel)
 
 
 def _retry_job(args: argparse.Namespace) -> int:
@@ -143,7 +130,7 @@ def _retry_job(args: argparse.Namespace) -> int:
         new = retry_job(pool, args.job_id, None)
         return f"job {new.job_id} {new.state}, superseding job {new.supersedes}"
 
-    return _with_cli_pool(retry)
+    return with_cli_pool(retry)
 
 
 def _fake_provider(args: argparse.Namespace) -> int:

@@ -9,21 +9,18 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-import psycopg
-from psycopg_pool import ConnectionPool, PoolTimeout
+from psycopg_pool import ConnectionPool
 
 from jobqueue.archive import Archiver
-from jobqueue.db import DictConnection, open_pool
-from jobqueue.errors import JobQueueError
+from jobqueue.cli_pool import with_cli_pool
+from jobqueue.db import DictConnection
 from jobqueue.inspection import JobDetails, OrgFigures, QueueMetrics, job_details, list_jobs, queue_metrics
 from jobqueue.jsonable import json_default
-from jobqueue.settings import Settings
 from jobqueue.states import JobState
 
 __all__ = ["add_operator_commands", "parse_instant"]
@@ -100,26 +97,6 @@ def _job_id(text: str) -> uuid.UUID:
 
 def _dumps(document: Any) -> str:
     return json.dumps(document, default=json_default, indent=2)
-
-
-def _with_pool(action: Callable[[ConnectionPool[DictConnection]], int]) -> int:
-    """Runs `action` on a one-connection pool; domain and connection errors exit 1 with a message."""
-    settings = Settings.from_env()
-    try:
-        pool = open_pool(settings.database_url, name="cli", max_size=1)
-    except (PoolTimeout, psycopg.OperationalError) as exc:
-        print(f"sa-core: database unreachable: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    try:
-        return action(pool)
-    except JobQueueError as exc:
-        print(f"sa-core: {exc.description}", file=sys.stderr)
-        return 1
-    except (PoolTimeout, psycopg.OperationalError) as exc:
-        print(f"sa-core: database unreachable: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        pool.close()
 
 
 # --- formatting --------------------------------------------------------------------------------
@@ -259,46 +236,41 @@ def _render_metrics(report: QueueMetrics, now: datetime) -> str:
 
 
 def _list_jobs(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> int:
+    def run(pool: ConnectionPool[DictConnection]) -> str:
         state = None if args.state is None else JobState(args.state)
         rows = list_jobs(pool, state=state, org_id=args.org, since=args.since, limit=args.limit)
-        print(_dumps(rows) if args.json else _render_list(rows, args.limit))
-        return 0
+        return _dumps(rows) if args.json else _render_list(rows, args.limit)
 
-    return _with_pool(run)
+    return with_cli_pool(run)
 
 
 def _job_details(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> int:
+    def run(pool: ConnectionPool[DictConnection]) -> str:
         details = job_details(pool, args.job_id)
-        print(_dumps(details.as_dict()) if args.json else _render_details(details))
-        return 0
+        return _dumps(details.as_dict()) if args.json else _render_details(details)
 
-    return _with_pool(run)
+    return with_cli_pool(run)
 
 
 def _queue_metrics(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> int:
+    def run(pool: ConnectionPool[DictConnection]) -> str:
         report = queue_metrics(pool, args.since or parse_instant(_DEFAULT_WINDOW))
-        print(_dumps(report.as_dict()) if args.json else _render_metrics(report, datetime.now(UTC)))
-        return 0
+        return _dumps(report.as_dict()) if args.json else _render_metrics(report, datetime.now(UTC))
 
-    return _with_pool(run)
+    return with_cli_pool(run)
 
 
 def _archive_old_jobs(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> int:
+    def run(pool: ConnectionPool[DictConnection]) -> str:
         archiver = Archiver(pool, Archiver.Config(batch_size=args.batch_size))
         counts = archiver.run_once(args.before, dry_run=args.dry_run)
         what = (f"{counts.jobs} job(s) of {counts.prompts} prompt(s), {counts.events} event(s), "
                 f"{counts.ledger} ledger row(s), all finished before {_when(args.before)}")
         if args.dry_run:
-            print(f"dry run: would archive {what}; nothing changed ({counts.batches} batch(es))")
-        else:
-            print(f"archived {what} ({counts.batches} batch(es))")
-        return 0
+            return f"dry run: would archive {what}; nothing changed ({counts.batches} batch(es))"
+        return f"archived {what} ({counts.batches} batch(es))"
 
-    return _with_pool(run)
+    return with_cli_pool(run)
 
 
 def add_operator_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

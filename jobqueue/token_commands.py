@@ -1,6 +1,7 @@
 """Token and key commands of `sa-core`: create-token, revoke-token, prune-idempotency-keys.
 
-Exit codes: 0 done; 1 the token is unknown (message on stderr); 2 bad arguments or configuration.
+Exit codes: 0 done; 1 the token is unknown or the database unreachable (message on stderr); 2 bad
+arguments or configuration.
 A token is printed once, by create-token, and never again: revoke-token prints only its id.
 """
 
@@ -9,12 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from datetime import UTC, datetime, timedelta
 
-from jobqueue.db import open_pool
+from psycopg_pool import ConnectionPool
+
+from jobqueue.cli_pool import with_cli_pool
+from jobqueue.db import DictConnection
+from jobqueue.errors import NotFound
 from jobqueue.idempotency import prune_expired_keys
-from jobqueue.settings import Settings
 from jobqueue.tokens import issue_token, revoke_token
 
 __all__ = ["add_token_commands", "parse_expiry"]
@@ -57,46 +60,36 @@ def _expiry(text: str) -> datetime:
 
 
 def _create_token(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    pool = open_pool(settings.database_url, name="cli", max_size=1)
-    try:
+    def create(pool: ConnectionPool[DictConnection]) -> str:
         issued = issue_token(pool, args.org, args.user, label=args.label, expires_at=args.expires)
-    finally:
-        pool.close()
-    expires = issued.expires_at.isoformat() if issued.expires_at is not None else None
-    if args.json:
-        print(json.dumps({"token": issued.token, "id": issued.id, "org_id": args.org,
-                          "user_id": args.user, "expires_at": expires}))
-    else:
+        expires = issued.expires_at.isoformat() if issued.expires_at is not None else None
+        if args.json:
+            return json.dumps({"token": issued.token, "id": issued.id, "org_id": args.org,
+                               "user_id": args.user, "expires_at": expires})
         until = f", expires {expires}" if expires else ""
-        print(f"token {issued.id} for org {args.org}, user {args.user}{until} "
-              f"(shown once): {issued.token}")
-    return 0
+        return (f"token {issued.id} for org {args.org}, user {args.user}{until} "
+                f"(shown once): {issued.token}")
+
+    return with_cli_pool(create)
 
 
 def _revoke_token(args: argparse.Namespace) -> int:
-    pool = open_pool(Settings.from_env().database_url, name="cli", max_size=1)
-    try:
+    def revoke(pool: ConnectionPool[DictConnection]) -> str:
         revoked = revoke_token(pool, args.token)
-    finally:
-        pool.close()
-    if revoked is None:
-        print("sa-core: no such token", file=sys.stderr)
-        return 1
-    state = "revoked" if revoked.newly else "was already revoked"
-    print(f"token {revoked.id} (org {revoked.org_id}, user {revoked.user_id}) {state} "
-          f"at {revoked.revoked_at.isoformat()}")
-    return 0
+        if revoked is None:
+            raise NotFound("no such token")
+        state = "revoked" if revoked.newly else "was already revoked"
+        return (f"token {revoked.id} (org {revoked.org_id}, user {revoked.user_id}) {state} "
+                f"at {revoked.revoked_at.isoformat()}")
+
+    return with_cli_pool(revoke)
 
 
 def _prune_keys(args: argparse.Namespace) -> int:
-    pool = open_pool(Settings.from_env().database_url, name="cli", max_size=1)
-    try:
-        deleted = prune_expired_keys(pool)
-    finally:
-        pool.close()
-    print(f"deleted {deleted} expired idempotency key(s)")
-    return 0
+    def prune(pool: ConnectionPool[DictConnection]) -> str:
+        return f"deleted {prune_expired_keys(pool)} expired idempotency key(s)"
+
+    return with_cli_pool(prune)
 
 
 def _id_number(text: str) -> int:

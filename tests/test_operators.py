@@ -150,13 +150,16 @@ def test_job_details_of_an_unknown_id_exits_1(cli: Cli, capsys: pytest.CaptureFi
     assert captured.err.strip() == f"sa-core: job {missing} not found"
 
 
+@pytest.mark.parametrize("command", [["list-jobs"], ["cancel-job", str(uuid.uuid4())],
+                                     ["revoke-token", "sa_unknown"], ["prune-idempotency-keys"]])
 def test_an_unreachable_database_exits_1_with_a_message(
     cli: Cli, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    command: list[str],
 ) -> None:
-    monkeypatch.setattr("jobqueue.operator_commands.open_pool",
+    monkeypatch.setattr("jobqueue.cli_pool.open_pool",
                         lambda *a, **k: (_ for _ in ()).throw(psycopg.OperationalError("refused")))
-    assert cli(["list-jobs"]) == 1
-    assert "database unreachable" in capsys.readouterr().err
+    assert cli(command) == 1
+    assert capsys.readouterr().err.startswith("sa-core: database unreachable: OperationalError: refused")
 
 
 # --- queue-metrics -----------------------------------------------------------------------------
