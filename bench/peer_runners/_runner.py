@@ -28,7 +28,8 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Adapter", "Probe", "Result", "build_parser", "emit", "main", "measure_burndown", "measure_pickup"]
+__all__ = ["Adapter", "Probe", "Result", "build_parser", "emit", "main", "measure_burndown", "measure_pickup",
+           "run_on_uvloop"]
 
 RESULT_PREFIX = "PEER_RESULT "
 WARMUP_JOBS = 5
@@ -155,6 +156,17 @@ def emit(result: Result) -> None:
     out = sys.__stdout__ or sys.stdout
     out.write(RESULT_PREFIX + json.dumps(result) + "\n")
     out.flush()
+
+
+def run_on_uvloop(coro: Coroutine[Any, Any, None]) -> None:
+    """Runs `coro` on uvloop when the runner's environment has it (as its library recommends),
+    else on asyncio's own loop."""
+    try:
+        import uvloop  # type: ignore[import-not-found]
+    except ImportError:
+        asyncio.run(coro)
+    else:
+        uvloop.run(coro)
 
 
 def main(

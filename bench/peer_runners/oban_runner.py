@@ -12,7 +12,7 @@ import asyncio
 from importlib.metadata import version
 from typing import Any
 
-from _runner import Probe, main
+from _runner import Probe, main, run_on_uvloop
 from oban import Job, Oban, worker  # type: ignore[import-not-found]
 from oban.schema import install  # type: ignore[import-not-found]
 
@@ -67,14 +67,5 @@ class ObanAdapter:
         await self.pool.close()
 
 
-def _run(coro: object) -> None:
-    try:
-        import uvloop  # type: ignore[import-not-found]
-    except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
-    else:
-        uvloop.run(coro)
-
-
 if __name__ == "__main__":
-    main(ObanAdapter, _run)
+    main(ObanAdapter, run_on_uvloop)

@@ -11,7 +11,7 @@ import asyncio
 from importlib.metadata import version
 
 import asyncpg  # type: ignore[import-not-found]
-from _runner import Probe, main
+from _runner import Probe, main, run_on_uvloop
 from pgqueuer import AsyncpgDriver, Job, QueueManager  # type: ignore[import-not-found]
 from pgqueuer.queries import Queries  # type: ignore[import-not-found]
 
@@ -69,14 +69,5 @@ class PgQueuerAdapter:
                 await conn.close()
 
 
-def _run(coro: object) -> None:
-    try:
-        import uvloop  # type: ignore[import-not-found]
-    except ImportError:
-        asyncio.run(coro)  # type: ignore[arg-type]
-    else:
-        uvloop.run(coro)
-
-
 if __name__ == "__main__":
-    main(PgQueuerAdapter, _run)
+    main(PgQueuerAdapter, run_on_uvloop)
