@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,7 @@ from jobqueue.claim import ClaimedJob, claim
 from jobqueue.completer import Completer
 from jobqueue.db import DictConnection
 from jobqueue.enqueue import enqueue
+from jobqueue.logs import configure_logging
 from jobqueue.migrate import migrate
 from jobqueue.policy import ErrorKind
 from jobqueue.queries import job as job_q
@@ -115,7 +117,9 @@ def test_a_stale_attempt_next_to_the_current_one_in_a_batch_writes_nothing(
 
 def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
     pool: ConnectionPool[DictConnection], caller: Caller, database_url: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    configure_logging()
     for text in ("first", "good", "bad"):
         enqueue(pool, caller, text)
     first, good, bad = claim(pool, "worker-a", 3, 100)
@@ -146,6 +150,9 @@ def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
     finally:
         completer.close()
     assert results == {"first": True, "good": True, "bad": "DataError"}
+    splits = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+              if '"completer.batch_split"' in line]
+    assert [split["jobs"] for split in splits] == [2], "good and bad were one batch, split once"
     assert completer.batches == 2
     assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE state = 'succeeded'")["n"] == 2
 
