@@ -20,7 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from bench.common import VENV_BIN, scratch_database, spawn, wait_http
-from jobqueue.states import JobState, is_legal
+from jobqueue.core.states import JobState, is_legal
 
 # NOTE: a mix of every failure the fake provider can inject; weights favour plain successes.
 MIX = [
@@ -132,7 +132,7 @@ def run_chaos(database_url: str, provider_url: str, *, jobs: int, workers: int, 
         if conn.execute(PENDING).fetchone() != {"n": jobs}:
             raise RuntimeError("the backlog was not written")
         env = worker_env(database_url, provider_url)
-        command = [sys.executable, "-m", "jobqueue.cli", "run-worker", "--concurrency", "8"]
+        command = [sys.executable, "-m", "jobqueue.operator.cli", "run-worker", "--concurrency", "8"]
         procs = [spawn(command, env) for _ in range(workers)]
         started = time.monotonic()
         done = 0

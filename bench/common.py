@@ -13,9 +13,9 @@ from pathlib import Path
 
 import httpx
 
-from jobqueue import embedded_db
-from jobqueue.db import open_pool
-from jobqueue.tokens import create_token
+from jobqueue.core.db import open_pool
+from jobqueue.core.tokens import create_token
+from jobqueue.devtools import embedded_db
 
 __all__ = [
     "REPO",

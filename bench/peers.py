@@ -50,8 +50,8 @@ import structlog
 from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import REPO, format_table, percentile, scratch_database
-from jobqueue.embedded_db import admin_conninfo
-from jobqueue.worker import DEFAULT_CONCURRENCY
+from jobqueue.devtools.embedded_db import admin_conninfo
+from jobqueue.runtime.worker import DEFAULT_CONCURRENCY
 
 RUNNERS = REPO / "bench" / "peer_runners"
 VENVS = REPO / ".sa-core" / "bench-venvs"

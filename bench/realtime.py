@@ -34,7 +34,7 @@ import httpx
 import psycopg
 
 from bench.common import VENV_BIN, bench_token, percentile, scratch_database, spawn, wait_http, web_server
-from jobqueue.db import open_pool
+from jobqueue.core.db import open_pool
 
 EVENTS = "/sa-core/v1/mission/events"
 ENQUEUE_TO_RUNNING = """

@@ -59,7 +59,7 @@ graceful_timeout = 30
 
 # NOTE: several web processes answer /metrics in turn, so their figures must be pooled: without
 # PROMETHEUS_MULTIPROC_DIR each scrape would see only the process that happened to answer it
-# (jobqueue/exposition.py). Set here, in the master, before any worker imports prometheus_client;
+# (jobqueue/core/exposition.py). Set here, in the master, before any worker imports prometheus_client;
 # a fresh directory per run (removed on exit) unless the operator names one (ops/systemd/).
 _OWN_MULTIPROC_DIR: str | None = None
 if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -92,7 +92,7 @@ def post_worker_init(worker: Any) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        from jobqueue.events import close_all_streams
+        from service.event_hub import close_all_streams
 
         close_all_streams()
         if callable(previous):

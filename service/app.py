@@ -10,13 +10,13 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection, open_pool
-from jobqueue.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
-from jobqueue.events import EventHub
-from jobqueue.logs import configure_logging
-from jobqueue.settings import Settings
-from jobqueue.tokens import InvalidToken
+from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
+from jobqueue.core.logs import configure_logging
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import InvalidToken
 from service.auth import API_PREFIX, AuthMiddleware, invalid_token
+from service.event_hub import EventHub
 from service.middleware import RequestContextMiddleware
 from service.middleware_security import (
     QueryParamsMiddleware,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import falcon
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.tokens import BearerToken, authenticate
+from jobqueue.core.db import DictConnection
+from jobqueue.core.tokens import BearerToken, authenticate
 
 __all__ = ["API_PREFIX", "DEFERRED_MAX_BODY_BYTES", "DEFERRED_ROUTES", "QUERY_TOKEN_PARAM",
            "QUERY_TOKEN_PATHS", "AuthMiddleware", "invalid_token"]
@@ -25,7 +25,7 @@ QUERY_TOKEN_PATHS = frozenset({f"{API_PREFIX}/mission/events"})
 DEFERRED_ROUTES = frozenset({("POST", f"{API_PREFIX}/prompt")})
 """Routes whose resource hands the token to a statement that checks it itself.
 
-PERF: POST /prompt is the hot path; its enqueue statement checks the token (jobqueue.enqueue),
+PERF: POST /prompt is the hot path; its enqueue statement checks the token (jobqueue.engine.enqueue),
 which saves the separate lookup's round trip. The token is still checked on every request, so a
 revoke takes effect at once. A body the resource refuses has its token looked up first, so a bad
 token answers 401 whatever the body, as on every other route.

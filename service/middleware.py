@@ -10,7 +10,7 @@ from typing import Any
 import falcon
 import structlog
 
-from jobqueue import metrics
+from jobqueue.core import metrics
 
 __all__ = ["REQUEST_ID_HEADER", "UNMATCHED_ROUTE", "RequestContextMiddleware"]
 

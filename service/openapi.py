@@ -12,9 +12,9 @@ from typing import Any
 
 import falcon
 
-from jobqueue.enqueue import QUEUE_FULL_RETRY_AFTER
-from jobqueue.idempotency import KEY_TTL_SECONDS, MAX_KEY_LENGTH
-from jobqueue.settings import Settings
+from jobqueue.core.settings import Settings
+from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
+from jobqueue.engine.idempotency import KEY_TTL_SECONDS, MAX_KEY_LENGTH
 from service.auth import API_PREFIX
 from service.validation import (
     MAX_ATTEMPTS_LIMIT,

@@ -9,7 +9,7 @@ from typing import Any
 import falcon
 import falcon.media
 
-from jobqueue.jsonable import json_default
+from jobqueue.core.jsonable import json_default
 
 __all__ = ["json_handler", "serialize_error"]
 

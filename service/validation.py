@@ -10,7 +10,7 @@ from typing import Any
 
 import falcon
 
-from jobqueue.idempotency import MAX_KEY_LENGTH
+from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
 __all__ = [
     "MAX_ATTEMPTS_LIMIT",

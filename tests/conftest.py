@@ -13,19 +13,19 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.cli import main
-from jobqueue.completer import Completer
-from jobqueue.db import DictConnection, open_pool
-from jobqueue.embedded_db import scratch_database
-from jobqueue.executor import Executor
-from jobqueue.fake_provider import FakeConfig, FakeProvider
-from jobqueue.listener import NotificationListener
-from jobqueue.policy import BackoffConfig
-from jobqueue.provider import Provider
-from jobqueue.queries.job_event import JOB_QUEUED_LISTEN
-from jobqueue.settings import Settings
-from jobqueue.tokens import Caller, create_token
-from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.listener import NotificationListener
+from jobqueue.core.policy import BackoffConfig
+from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import Caller, create_token
+from jobqueue.devtools.embedded_db import scratch_database
+from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
+from jobqueue.operator.cli import main
+from jobqueue.runtime.completer import Completer
+from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.provider import Provider
+from jobqueue.runtime.worker import Worker, WorkerConfig
 from service.app import create_app
 
 TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
@@ -114,7 +114,7 @@ def many_jobs(pool: ConnectionPool[DictConnection]) -> Iterator[DictConnection]:
 
 @pytest.fixture
 def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[str]], int]:
-    """`jobqueue.cli.main` with DATABASE_URL pointing at the test database."""
+    """`jobqueue.operator.cli.main` with DATABASE_URL pointing at the test database."""
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     return main
 

@@ -6,13 +6,13 @@ import uuid
 
 from psycopg_pool import ConnectionPool
 
-from jobqueue import finalize
-from jobqueue.claim import ClaimedJob, claim
-from jobqueue.control import cancel_job, retry_job
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.policy import ErrorKind
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.policy import ErrorKind
+from jobqueue.core.tokens import Caller
+from jobqueue.engine import finalize
+from jobqueue.engine.claim import ClaimedJob, claim
+from jobqueue.engine.control import cancel_job, retry_job
+from jobqueue.engine.enqueue import enqueue
 
 __all__ = ["OK_CALL", "Scenario"]
 

@@ -8,9 +8,9 @@ from typing import Any
 import falcon.testing
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.tokens import Caller
+from jobqueue.engine.enqueue import enqueue
 from service.app import create_app
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 from tests.helpers import job_state, submit

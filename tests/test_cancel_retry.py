@@ -12,14 +12,14 @@ import falcon.testing
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.claim import ClaimedJob, claim
-from jobqueue.control import Retried, cancel_job, retry_job, retry_prompt
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.errors import Conflict, NotFound
-from jobqueue.executor import Outcome, RunControl
-from jobqueue.reclaim import Reclaimer
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.errors import Conflict, NotFound
+from jobqueue.core.tokens import Caller
+from jobqueue.engine.claim import ClaimedJob, claim
+from jobqueue.engine.control import Retried, cancel_job, retry_job, retry_prompt
+from jobqueue.engine.enqueue import enqueue
+from jobqueue.engine.reclaim import Reclaimer
+from jobqueue.runtime.executor import Outcome, RunControl
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 
 API = "/sa-core/v1"

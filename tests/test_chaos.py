@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.chaos import run_chaos
-from jobqueue.fake_provider import FakeProvider
+from jobqueue.devtools.fake_provider import FakeProvider
 
 
 def test_no_job_is_lost_duplicated_or_stuck_when_workers_die(database_url: str,

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from jobqueue.fake_provider import FakeConfig, FakeProvider, add_arguments, config_from_args
+from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider, add_arguments, config_from_args
 
 __all__: list[str] = []
 

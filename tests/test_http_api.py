@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
+from jobqueue.core.db import DictConnection
 from tests.conftest import WorkerHarness, fetch_one
 from tests.helpers import submit
 
@@ -166,7 +166,7 @@ def test_guard_rejects_an_illegal_transition_issued_as_raw_sql(
 
 
 def test_database_guard_and_python_table_agree(pool: ConnectionPool[DictConnection]) -> None:
-    from jobqueue.states import TRANSITIONS, JobState
+    from jobqueue.core.states import TRANSITIONS, JobState
 
     # NOTE: each pair runs on a scratch row in a rolled-back transaction; the row is put in its
     # source state with triggers off (replica role), then the guarded UPDATE is tried.

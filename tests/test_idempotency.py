@@ -11,11 +11,11 @@ import falcon.testing
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.cli import main
-from jobqueue.db import DictConnection
-from jobqueue.idempotency import prune_expired_keys
-from jobqueue.settings import Settings
-from jobqueue.tokens import create_token
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import create_token
+from jobqueue.engine.idempotency import prune_expired_keys
+from jobqueue.operator.cli import main
 from service.app import create_app
 from tests.conftest import fetch_all, fetch_one
 

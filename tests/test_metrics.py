@@ -25,11 +25,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.queries import metrics as metrics_q
-from jobqueue.settings import Settings, SettingsError
-from jobqueue.tokens import Caller, create_token
+from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import metrics as metrics_q
+from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.core.tokens import Caller, create_token
+from jobqueue.engine.enqueue import enqueue
 from tests.conftest import WorkerHarness, fetch_one, wait_for
 from tests.helpers import plan_nodes, submit
 
@@ -133,7 +133,7 @@ def test_the_page_is_served_without_the_queue_gauges_when_the_database_is_down(
     def down(pool: object) -> None:
         raise psycopg.OperationalError("connection refused")
 
-    monkeypatch.setattr("jobqueue.exposition.read_queue_figures", down)
+    monkeypatch.setattr("jobqueue.core.exposition.read_queue_figures", down)
     result = client.simulate_get("/metrics")
     assert result.status_code == 200
     assert "sa_jobs_enqueued_total" in result.text
@@ -318,7 +318,7 @@ def test_a_worker_serves_its_own_metrics_and_logs_each_transition_without_text(
            "SA_METRICS_PORT": str(port), "SA_POLL_INTERVAL": "0.05", "SA_SHUTDOWN_GRACE": "2",
            "PROMETHEUS_MULTIPROC_DIR": None}
     log = tmp_path / "worker.log"
-    with _process([sys.executable, "-m", "jobqueue.cli", "run-worker", "--concurrency", "2"],
+    with _process([sys.executable, "-m", "jobqueue.operator.cli", "run-worker", "--concurrency", "2"],
                   env, log) as worker:  # type: ignore[arg-type]
         wait_for(lambda: fetch_one(pool, "SELECT state FROM sa_job WHERE id = %s", job.job_id)[
             "state"] == "succeeded", timeout=20)

@@ -17,8 +17,8 @@ import schemathesis
 from psycopg_pool import ConnectionPool
 from schemathesis.config import SchemathesisConfig
 
-from jobqueue.db import DictConnection
-from jobqueue.settings import Settings
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
 from service.app import create_app
 from service.openapi import OPENAPI_PATH, build_openapi
 

@@ -13,12 +13,12 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.archive import ArchiveCounts, Archiver
-from jobqueue.db import DictConnection
-from jobqueue.operator_commands import parse_instant
-from jobqueue.queries import archive as archive_q
-from jobqueue.queries import inspection as inspection_q
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import archive as archive_q
+from jobqueue.core.queries import inspection as inspection_q
+from jobqueue.core.tokens import Caller
+from jobqueue.operator.archive import ArchiveCounts, Archiver
+from jobqueue.operator.operator_commands import parse_instant
 from tests.conftest import fetch_all, fetch_one
 from tests.scenario import Scenario
 
@@ -156,7 +156,7 @@ def test_an_unreachable_database_exits_1_with_a_message(
     cli: Cli, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
     command: list[str],
 ) -> None:
-    monkeypatch.setattr("jobqueue.cli_pool.open_pool",
+    monkeypatch.setattr("jobqueue.operator.cli_pool.open_pool",
                         lambda *a, **k: (_ for _ in ()).throw(psycopg.OperationalError("refused")))
     assert cli(command) == 1
     assert capsys.readouterr().err.startswith("sa-core: database unreachable: OperationalError: refused")

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue import finalize
-from jobqueue.claim import claim
-from jobqueue.cli import main
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.logs import configure_logging
-from jobqueue.settings import Settings
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.logs import configure_logging
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import Caller
+from jobqueue.engine import finalize
+from jobqueue.engine.claim import claim
+from jobqueue.engine.enqueue import enqueue
+from jobqueue.operator.cli import main
 from tests.conftest import fetch_all, fetch_one
 from tests.scenario import OK_CALL, Scenario
 
@@ -229,7 +229,7 @@ def test_queue_metrics_script_agrees_with_the_cli(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     configure_logging()
-    monkeypatch.setattr("jobqueue.cli.configure_logging", lambda: None)
+    monkeypatch.setattr("jobqueue.operator.cli.configure_logging", lambda: None)
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     org1, org2 = Scenario(pool, Caller(1, 10)), Scenario(pool, Caller(2, 20))
     org1.succeeded(), org1.retried_then_succeeded(), org1.failed(), org1.cancelled()

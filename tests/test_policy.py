@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-from jobqueue.policy import (
+from jobqueue.core.policy import (
     RETRYABLE,
     BackoffConfig,
     ErrorKind,

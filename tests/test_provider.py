@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from jobqueue.fake_provider import FakeProvider
-from jobqueue.policy import ErrorKind
-from jobqueue.provider import Provider, ProviderFailure
+from jobqueue.core.policy import ErrorKind
+from jobqueue.devtools.fake_provider import FakeProvider
+from jobqueue.runtime.provider import Provider, ProviderFailure
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

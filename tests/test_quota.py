@@ -12,12 +12,12 @@ import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from jobqueue.claim import claim
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import QUEUE_FULL_RETRY_AFTER
-from jobqueue.queries import entity as entity_q
-from jobqueue.settings import Settings, SettingsError
-from jobqueue.tokens import create_token
+from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import entity as entity_q
+from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.core.tokens import create_token
+from jobqueue.engine.claim import claim
+from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from service.app import create_app
 from tests.conftest import fetch_one
 from tests.helpers import plan_nodes

@@ -16,13 +16,13 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.claim import ClaimedJob, claim
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.maintenance import MaintenanceLeader
-from jobqueue.queries import maintenance as mq
-from jobqueue.reclaim import ReclaimCounts, Reclaimer
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import maintenance as mq
+from jobqueue.core.tokens import Caller
+from jobqueue.engine.claim import ClaimedJob, claim
+from jobqueue.engine.enqueue import enqueue
+from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
+from jobqueue.runtime.maintenance import MaintenanceLeader
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -269,8 +269,8 @@ def test_a_killed_leader_process_hands_the_role_over(
 ) -> None:
     script = textwrap.dedent("""
         import sys, threading
-        from jobqueue.maintenance import MaintenanceLeader
-        from jobqueue.reclaim import Reclaimer
+        from jobqueue.runtime.maintenance import MaintenanceLeader
+        from jobqueue.engine.reclaim import Reclaimer
         config = MaintenanceLeader.Config(reclaim_interval=0.1, lock_retry_interval=0.05)
         MaintenanceLeader(sys.argv[1], Reclaimer.Config(), config).start()
         threading.Event().wait()

@@ -10,10 +10,10 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection, open_pool
-from jobqueue.enqueue import enqueue
-from jobqueue.settings import Settings
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import Caller
+from jobqueue.engine.enqueue import enqueue
 from service.app import create_app
 from tests.conftest import WorkerHarness, fetch_one, wait_for
 from tests.helpers import submit

@@ -9,8 +9,8 @@ import falcon.testing
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.settings import Settings
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 from tests.helpers import submit
 

@@ -10,8 +10,8 @@ import falcon.testing
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.settings import Settings, SettingsError
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings, SettingsError
 from service import resources
 from service.app import create_app
 from service.middleware_security import SECURITY_HEADERS

@@ -24,12 +24,12 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.events import EventHub, HubConfig, SubscriptionClosed, replay_events
-from jobqueue.settings import Settings
-from jobqueue.tokens import Caller, create_token
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import Caller, create_token
 from service.app import create_app
 from service.auth import AuthMiddleware
+from service.event_hub import EventHub, HubConfig, SubscriptionClosed, replay_events
 from service.resources.events import MissionEvents
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 from tests.helpers import submit
@@ -560,7 +560,7 @@ def test_poll_only_mode_streams_and_runs_jobs_without_any_listen(
     with gunicorn(settings, tmp_path, **env) as base:
         stream = open_http_stream(base, auth)
         worker = subprocess.Popen(
-            [sys.executable, "-m", "jobqueue.cli", "run-worker"], cwd=REPO,
+            [sys.executable, "-m", "jobqueue.operator.cli", "run-worker"], cwd=REPO,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env={**os.environ, "DATABASE_URL": settings.database_url,
                  "SA_PROVIDER_URL": settings.provider_url, **env})
@@ -579,7 +579,7 @@ def test_a_long_running_cli_worker_wakes_on_notify_long_before_its_poll(
     auth: dict[str, str],
 ) -> None:
     worker = subprocess.Popen(
-        [sys.executable, "-m", "jobqueue.cli", "run-worker"], cwd=REPO,
+        [sys.executable, "-m", "jobqueue.operator.cli", "run-worker"], cwd=REPO,
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "DATABASE_URL": settings.database_url,
              "SA_PROVIDER_URL": settings.provider_url, "SA_POLL_INTERVAL": "600"})

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from jobqueue.states import TERMINAL, TRANSITIONS, JobState, is_legal, is_terminal
+from jobqueue.core.states import TERMINAL, TRANSITIONS, JobState, is_legal, is_terminal
 
 __all__: list[str] = []
 

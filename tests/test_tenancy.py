@@ -16,8 +16,8 @@ import falcon.testing
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.tokens import create_token
+from jobqueue.core.db import DictConnection
+from jobqueue.core.tokens import create_token
 from service.auth import API_PREFIX, PUBLIC_PATHS
 from tests.conftest import WorkerHarness, fetch_one
 from tests.helpers import submit

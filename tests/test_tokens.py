@@ -12,11 +12,11 @@ import falcon.testing
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue import tokens
-from jobqueue.cli import main
-from jobqueue.db import DictConnection
-from jobqueue.settings import Settings
-from jobqueue.token_commands import parse_expiry
+from jobqueue.core import tokens
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
+from jobqueue.operator.cli import main
+from jobqueue.operator.token_commands import parse_expiry
 from service.app import create_app
 from service.auth import DEFERRED_MAX_BODY_BYTES
 from tests.conftest import fetch_one

@@ -14,8 +14,8 @@ import falcon.testing
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.settings import Settings
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
 from service.app import create_app
 from tests.conftest import fetch_one
 from tests.helpers import submit

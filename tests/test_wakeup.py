@@ -5,7 +5,7 @@ from __future__ import annotations
 import falcon.testing
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
+from jobqueue.core.db import DictConnection
 from tests.conftest import WorkerHarness, fetch_one, wait_for
 from tests.helpers import job_state, submit
 

@@ -17,17 +17,17 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
-from jobqueue import finalize
-from jobqueue.claim import ClaimedJob, claim
-from jobqueue.completer import Completer
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.logs import configure_logging
-from jobqueue.migrate import migrate
-from jobqueue.policy import ErrorKind
-from jobqueue.queries import job as job_q
-from jobqueue.settings import Settings
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.logs import configure_logging
+from jobqueue.core.policy import ErrorKind
+from jobqueue.core.queries import job as job_q
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import Caller
+from jobqueue.engine import finalize
+from jobqueue.engine.claim import ClaimedJob, claim
+from jobqueue.engine.enqueue import enqueue
+from jobqueue.operator.migrate import migrate
+from jobqueue.runtime.completer import Completer
 from tests.conftest import fetch_all, fetch_one, wait_for
 from tests.helpers import plan_nodes, submit
 
@@ -225,7 +225,8 @@ def test_sigterm_finishes_in_flight_work_releases_the_rest_and_exits_zero(
     env = {**os.environ, "DATABASE_URL": settings.database_url,
            "SA_PROVIDER_URL": settings.provider_url, "SA_SHUTDOWN_GRACE": "1.5",
            "SA_POLL_INTERVAL": "0.05"}
-    worker = subprocess.Popen([sys.executable, "-m", "jobqueue.cli", "run-worker", "--concurrency", "2"],
+    worker = subprocess.Popen([sys.executable, "-m", "jobqueue.operator.cli", "run-worker",
+                               "--concurrency", "2"],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE state = 'running'")[

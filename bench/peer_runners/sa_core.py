@@ -4,7 +4,7 @@ Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL (burndown N |
        [--concurrency C] [--variant full|noop]
 
 The database must already carry sa-core's migrations. Every job is a real prompt entity plus
-a queued job written by `jobqueue.enqueue.enqueue`, one call (one commit) each.
+a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit) each.
 
 - full: real `sa-core run-worker --concurrency C` against `sa-core fake-provider` answering at
   once; each job makes an HTTP call and its finalize writes the response entity, the flows-to
@@ -42,17 +42,17 @@ import psycopg
 
 from bench.common import VENV_BIN, spawn, wait_http
 from bench.peer_runners._runner import WARMUP_JOBS, build_parser, emit
-from jobqueue.completer import Completer
-from jobqueue.db import open_pool
-from jobqueue.enqueue import enqueue
-from jobqueue.executor import Executor
-from jobqueue.listener import NotificationListener
-from jobqueue.logs import configure_logging
-from jobqueue.policy import BackoffConfig
-from jobqueue.provider import Completion, Provider
-from jobqueue.queries.job_event import JOB_QUEUED_LISTEN
-from jobqueue.tokens import Caller
-from jobqueue.worker import Worker, WorkerConfig
+from jobqueue.core.db import open_pool
+from jobqueue.core.listener import NotificationListener
+from jobqueue.core.logs import configure_logging
+from jobqueue.core.policy import BackoffConfig
+from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
+from jobqueue.core.tokens import Caller
+from jobqueue.engine.enqueue import enqueue
+from jobqueue.runtime.completer import Completer
+from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.provider import Completion, Provider
+from jobqueue.runtime.worker import Worker, WorkerConfig
 
 CALLER = Caller(org_id=1, user_id=1)
 EVENT_TIMEOUT = 60.0

@@ -7,8 +7,8 @@ import uuid
 import falcon
 from psycopg_pool import ConnectionPool
 
-from jobqueue.control import cancel_job, retry_prompt
-from jobqueue.db import DictConnection
+from jobqueue.core.db import DictConnection
+from jobqueue.engine.control import cancel_job, retry_prompt
 from service.auth import API_PREFIX
 from service.validation import parse_no_body
 

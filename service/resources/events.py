@@ -10,9 +10,9 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.events import EventHub, JobEvent, SubscriptionClosed, replay_events
-from jobqueue.tokens import Caller
+from jobqueue.core.db import DictConnection
+from jobqueue.core.tokens import Caller
+from service.event_hub import EventHub, JobEvent, SubscriptionClosed, replay_events
 from service.serialize import json_handler
 
 __all__ = ["EVENT_NAME", "KEEPALIVE_SECONDS", "RETRY_MILLISECONDS", "MissionEvents"]

@@ -6,8 +6,8 @@ import falcon
 import psycopg
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.queries import health as q
+from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import health as q
 
 __all__ = ["Health", "Ready"]
 

@@ -7,8 +7,8 @@ import uuid
 import falcon
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.lookup import get_job
+from jobqueue.core.db import DictConnection
+from service.lookup import get_job
 
 __all__ = ["JobItem"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import falcon
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.exposition import CONTENT_TYPE, render_metrics
+from jobqueue.core.db import DictConnection
+from jobqueue.core.exposition import CONTENT_TYPE, render_metrics
 
 __all__ = ["Metrics"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import falcon
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.lookup import recent_changes
+from jobqueue.core.db import DictConnection
+from service.lookup import recent_changes
 from service.validation import parse_since
 
 __all__ = ["MissionRecent"]

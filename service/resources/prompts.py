@@ -7,12 +7,12 @@ import uuid
 import falcon
 from psycopg_pool import ConnectionPool
 
-from jobqueue.db import DictConnection
-from jobqueue.enqueue import enqueue
-from jobqueue.lookup import get_prompt
-from jobqueue.settings import Settings
-from jobqueue.tokens import BearerToken, authenticate
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import BearerToken, authenticate
+from jobqueue.engine.enqueue import enqueue
 from service.auth import invalid_token
+from service.lookup import get_prompt
 from service.validation import parse_idempotency_key, parse_prompt
 
 __all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptCollection", "PromptItem"]

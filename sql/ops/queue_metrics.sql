@@ -4,7 +4,7 @@
 --   psql "$DATABASE_URL" [-v window='24 hours'] -f sql/ops/queue_metrics.sql
 --
 -- window: a Postgres interval ('90 minutes', '7 days'; default '24 hours'). Read-only.
--- The same figures as `sa-core queue-metrics --since <age>` (jobqueue/queries/inspection.py;
+-- The same figures as `sa-core queue-metrics --since <age>` (jobqueue/core/queries/inspection.py;
 -- a test keeps the two in step):
 -- - wait: creation to first claim; run: claim to the end of that attempt;
 -- - an attempt errored when it ended 'failed', or back in 'queued' with attempt + 1 (a retry or

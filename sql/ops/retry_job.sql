@@ -2,7 +2,7 @@
 --
 --   psql "$DATABASE_URL" -v job_id=<uuid> -f sql/ops/retry_job.sql
 --
--- Same effect as `sa-core retry-job ID` (jobqueue/control.py, JOB_RETRY_ANY_ORG_IF_FINISHED): in
+-- Same effect as `sa-core retry-job ID` (jobqueue/engine/control.py, JOB_RETRY_ANY_ORG_IF_FINISHED): in
 -- ONE transaction the old job goes succeeded|failed|cancelled -> superseded and a new queued
 -- job is inserted with supersedes = the old id, the same prompt, org, user, priority,
 -- max_attempts and execution options, and attempt 1. Workers wake on the trigger's NOTIFY.

@@ -1,0 +1,1 @@
+"""Shared foundations: states, policy, errors, settings, metrics, logs, database access, statements."""

@@ -1,0 +1,66 @@
+"""Statements on sa_job_event and its notification channel."""
+
+__all__ = [
+    "JOB_EVENT_LISTEN",
+    "JOB_EVENT_LIST_AFTER",
+    "JOB_EVENT_LIST_FOR_USER_BETWEEN",
+    "JOB_EVENT_SEQUENCE_LAST",
+    "JOB_EVENT_WRITERS_IN_FLIGHT",
+    "JOB_QUEUED_LISTEN",
+]
+
+# NOTE: channel names and payloads are fixed by the sa_job_record_event trigger
+# (0005_notify_channels.sql). Every transition wakes sa_job_event (empty payload); a job becoming
+# queued also wakes sa_job_queued (empty when claimable now, else scheduled_for in epoch seconds).
+JOB_EVENT_LISTEN = "LISTEN sa_job_event"
+JOB_QUEUED_LISTEN = "LISTEN sa_job_queued"
+
+_EVENT_COLUMNS = """
+id, job_id, prompt_id, org_id, created_by, from_state, to_state, attempt, error_kind,
+response_id, at
+"""
+
+# served by sa_job_event_pkey (id), 0001_core_schema.sql: the SSE hub's one reader for every
+# client of a web process; it pages by keyset.
+JOB_EVENT_LIST_AFTER = (
+    "SELECT" + _EVENT_COLUMNS + """
+  FROM sa_job_event
+ WHERE id > %(after)s
+ ORDER BY id
+ LIMIT %(limit)s
+""")
+
+# served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql: the
+# Last-Event-ID replay of one client. `upto` is the hub's delivered cursor when the client
+# registered, below which every id is final (see service/event_hub.py).
+JOB_EVENT_LIST_FOR_USER_BETWEEN = (
+    "SELECT" + _EVENT_COLUMNS + """
+  FROM sa_job_event
+ WHERE org_id = %(org_id)s AND created_by = %(user_id)s
+   AND id > %(after)s AND id <= %(upto)s
+ ORDER BY id
+ LIMIT %(limit)s
+""")
+
+# The last id handed out by the event sequence (0 before the first), read outside MVCC: a
+# sequence advances for every transaction at once, committed or not.
+# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_IN_FLIGHT (see service/event_hub.py).
+JOB_EVENT_SEQUENCE_LAST = """
+SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('sa_job_event', 'id')::regclass), 0)
+       AS last_id
+"""
+
+# The top-level xids of every transaction of this database that has written and not ended,
+# prepared (two-phase) ones included. An event id is taken by a transaction that already holds
+# an xid (the sa_job row it changes was written first), so a transaction still holding an
+# unpublished id is in this list. backend_xid, unlike xact_start, is shown to every role.
+JOB_EVENT_WRITERS_IN_FLIGHT = """
+SELECT ARRAY(
+    SELECT backend_xid::text::bigint
+      FROM pg_stat_activity
+     WHERE datname = current_database() AND backend_xid IS NOT NULL
+    UNION ALL
+    SELECT transaction::text::bigint
+      FROM pg_prepared_xacts
+     WHERE database = current_database()) AS xids
+"""

@@ -1,0 +1,1 @@
+"""Development tools: `sa-core dev`, the fake provider, the embedded Postgres."""

@@ -1,0 +1,1 @@
+"""The job lifecycle against the database: enqueue, claim, finalize, control, reclaim."""

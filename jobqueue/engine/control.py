@@ -1,0 +1,173 @@
+"""User and operator control of jobs: cancel an active job, retry a finished one (supersede it)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import structlog
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core import metrics
+from jobqueue.core.db import DictConnection
+from jobqueue.core.errors import Conflict, NotFound
+from jobqueue.core.queries import job as q
+from jobqueue.core.states import JobState
+from jobqueue.core.tokens import Caller
+
+__all__ = ["Retried", "cancel_job", "retry_job", "retry_prompt"]
+
+log = structlog.get_logger(__name__)
+
+Row = dict[str, Any]
+
+_ACTIVE = frozenset({JobState.QUEUED, JobState.RUNNING})
+
+
+@dataclass(frozen=True)
+class Retried:
+    """The new job a retry queued, and the job it supersedes."""
+
+    prompt_id: uuid.UUID
+    job_id: uuid.UUID
+    state: str
+    supersedes: uuid.UUID
+    created_at: datetime
+
+    def as_dict(self) -> dict[str, Any]:
+        """Returns the HTTP answer's body."""
+        return {"prompt_id": self.prompt_id, "job_id": self.job_id, "state": self.state,
+                "supersedes": self.supersedes}
+
+
+def cancel_job(
+    pool: ConnectionPool[DictConnection],
+    job_id: uuid.UUID,
+    org_id: int | None,
+    *,
+    reason: str | None = None,
+) -> Row:
+    """Cancels a queued or running job in one statement; a running job's late result is dropped.
+
+    The worker running it loses its claim: its heartbeat abandons the call, and its
+    conditional finalize matches no row, so no response, ledger or audit row is written.
+
+    Args:
+        pool: database pool.
+        job_id: the job.
+        org_id: the caller's org; None for an operator (any org).
+        reason: stored as the job's error_message.
+
+    Returns:
+        The cancelled job's row.
+
+    Raises:
+        NotFound: no such job (in the caller's org).
+        Conflict: the job is already terminal.
+    """
+    if reason is None:
+        reason = "cancelled by an operator" if org_id is None else "cancelled by a user"
+    with pool.connection() as conn:
+        row = conn.execute(q.JOB_CANCEL_IF_ACTIVE, {"job_id": job_id, "org_id": org_id,
+                                                    "reason": reason}).fetchone()
+    if row is None:
+        raise NotFound(f"job {job_id} not found")
+    if not row.pop("changed"):
+        raise Conflict(f"job {job_id} is already {row['state']}; nothing to cancel")
+    # NOTE: only a claim sets worker_claim and every way back to 'queued' clears it, so a cancelled
+    # job that still has one was running.
+    from_state = JobState.RUNNING if row["worker_claim"] else JobState.QUEUED
+    metrics.TRANSITIONS.labels(from_state=from_state, to_state=JobState.CANCELLED).inc()
+    log.info("job.cancelled", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),
+             org_id=row["org_id"], attempt=row["attempt"], from_state=from_state.value,
+             to_state=JobState.CANCELLED.value, worker_id=row["worker_claim"], operator=org_id is None)
+    return row
+
+
+def retry_job(
+    pool: ConnectionPool[DictConnection], job_id: uuid.UUID, org_id: int | None
+) -> Retried:
+    """Queues a new job for a finished job's prompt and marks the old one superseded, atomically.
+
+    Args:
+        pool: database pool.
+        job_id: the finished job to retry.
+        org_id: the caller's org; None for an operator (any org).
+
+    Returns:
+        The new job.
+
+    Raises:
+        NotFound: no such job (in the caller's org).
+        Conflict: the job is still queued or running, or it was already superseded.
+    """
+    return _retry(pool, q.JOB_RETRY_IF_FINISHED, {"job_id": job_id, "org_id": org_id},
+                  f"job {job_id}")
+
+
+def retry_prompt(
+    pool: ConnectionPool[DictConnection], prompt_id: uuid.UUID, caller: Caller
+) -> Retried:
+    """Retries the prompt's latest job (see `retry_job`).
+
+    Raises:
+        NotFound: no such prompt in the caller's org.
+        Conflict: its latest job is still queued or running, or was already superseded.
+    """
+    return _retry(pool, q.JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED,
+                  {"prompt_id": prompt_id, "org_id": caller.org_id}, f"prompt {prompt_id}")
+
+
+def _retry(
+    pool: ConnectionPool[DictConnection], statement: str, params: dict[str, Any], target: str
+) -> Retried:
+    """Runs one retry statement; `target` names what was asked for, in error messages."""
+    superseder: uuid.UUID | None = None
+    try:
+        with pool.connection() as conn:
+            row = conn.execute(statement, {**params, "new_job_id": uuid.uuid4()}).fetchone()
+            if row is not None and row["job_id"] is None and row["superseded_by"] is None \
+                    and row["old_state"] == JobState.SUPERSEDED:
+                # NOTE: superseded by a retry that committed after this statement's snapshot
+                # (it waited on the row lock); a fresh statement sees the winner.
+                found = conn.execute(q.JOB_GET_SUPERSEDER, {"job_id": row["old_id"]}).fetchone()
+                superseder = found["id"] if found is not None else None
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "sa_job_supersedes_unique":
+            raise
+        raise Conflict(f"{target}: the job was retried concurrently and is already superseded"
+                       ) from None
+    if row is None:
+        raise NotFound(f"{target} not found")
+    if row["job_id"] is None:
+        raise Conflict(_retry_refusal(row["old_id"], JobState(row["old_state"]),
+                                      row["superseded_by"] or superseder))
+    _report_retry(row)
+    return Retried(prompt_id=row["prompt_id"], job_id=row["job_id"], state=row["state"],
+                   supersedes=row["supersedes"], created_at=row["created_at"])
+
+
+def _report_retry(row: Row) -> None:
+    """Counts and logs a retry's two transitions: old job -> superseded, new job created queued."""
+    metrics.TRANSITIONS.labels(from_state=row["old_state"], to_state=JobState.SUPERSEDED).inc()
+    metrics.ENQUEUED.inc()
+    metrics.TRANSITIONS.labels(from_state="none", to_state=JobState.QUEUED).inc()
+    scope = {"prompt_id": str(row["prompt_id"]), "org_id": row["org_id"]}
+    log.info("job.superseded", job_id=str(row["old_id"]), from_state=row["old_state"],
+             to_state=JobState.SUPERSEDED.value, superseded_by=str(row["job_id"]), **scope)
+    log.info("job.enqueued", job_id=str(row["job_id"]), from_state=None,
+             to_state=JobState.QUEUED.value, supersedes=str(row["old_id"]), **scope)
+
+
+def _retry_refusal(job_id: uuid.UUID, state: JobState, superseded_by: uuid.UUID | None) -> str:
+    if state in _ACTIVE:
+        return f"job {job_id} is still {state}; cancel it first"
+    if state is JobState.SUPERSEDED:
+        if superseded_by is None:
+            return f"job {job_id} is already superseded"
+        return f"job {job_id} is already superseded by {superseded_by}"
+    # NOTE: unreachable while the statement supersedes every finished state; kept explicit.
+    return f"job {job_id} is {state} and cannot be retried"

@@ -1,0 +1,1 @@
+"""Operator commands: the `sa-core` CLI, inspection, archive, migrations, tokens."""

@@ -1,0 +1,217 @@
+"""The `sa-core` command line: migrate, run-worker, reclaim, cancel and retry jobs, tokens, dev tools."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Sequence
+from types import FrameType
+
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.exposition import start_worker_metrics_server
+from jobqueue.core.listener import NotificationListener
+from jobqueue.core.logs import configure_logging
+from jobqueue.core.policy import BackoffConfig
+from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
+from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.devtools import fake_provider
+from jobqueue.engine.control import cancel_job, retry_job
+from jobqueue.engine.reclaim import Reclaimer
+from jobqueue.operator.cli_pool import with_cli_pool
+from jobqueue.operator.migrate import migrate
+from jobqueue.operator.operator_commands import add_operator_commands
+from jobqueue.operator.token_commands import add_token_commands
+from jobqueue.runtime.completer import Completer
+from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.maintenance import MaintenanceLeader
+from jobqueue.runtime.provider import Provider
+from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
+
+__all__ = ["main"]
+
+
+class UsageError(Exception):
+    """The command cannot run as asked; printed without a traceback, exit code 2."""
+
+
+def _migrate(args: argparse.Namespace) -> int:
+    applied = migrate(Settings.from_env().database_url)
+    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    return 0
+
+
+def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Callable[[], None]]:
+    """Wires a worker from settings; returns it with the function that releases its resources."""
+    if not settings.provider_url:
+        raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
+    # NOTE: job threads never hold a connection: the claim loop, the heartbeat and the completer
+    # each borrow one for a statement, whatever the concurrency.
+    pool = open_pool(settings.database_url, name="worker", max_size=4)
+    provider = Provider(settings.provider_url, settings.provider_api_key, settings.provider_timeout)
+    backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
+                            rate_limit_min_wait=settings.rate_limit_min_wait)
+    completer = Completer(pool)
+    executor = Executor(completer, provider, settings.provider_model, backoff)
+
+    def close() -> None:
+        completer.close()
+        provider.close()
+        pool.close()
+
+    return Worker(pool, executor, config), close
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    config = WorkerConfig(
+        concurrency=args.concurrency, batch_size=args.batch_size,
+        priority_ceiling=args.priority_ceiling, org_max_running=settings.org_max_running,
+        poll_interval=settings.poll_interval,
+        heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
+    )
+    if settings.metrics_port and not args.once:
+        # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
+        # --once run is gone before a scrape could reach it.
+        try:
+            start_worker_metrics_server(settings.metrics_port)
+        except OSError as exc:
+            raise UsageError(f"SA_METRICS_PORT={settings.metrics_port}: {exc.strerror}") from None
+    worker, close = build_worker(settings, config)
+    # NOTE: only long-running workers compete for the maintenance role; a --once run is too
+    # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
+    leader = None if args.once else MaintenanceLeader.from_settings(settings).start()
+    # NOTE: wake-up on LISTEN/NOTIFY (the poll stays as the fallback); SA_LISTEN=0 (PgBouncer in
+    # transaction mode) leaves only the poll. A --once run claims once and needs no wake-up.
+    listener = None
+    if settings.listen and not args.once:
+        listener = NotificationListener(
+            settings.direct_database_url, JOB_QUEUED_LISTEN, worker.on_job_queued, worker.wake).start()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        worker.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        worker.run(once=args.once)
+    finally:
+        if listener is not None:
+            listener.stop()
+        if leader is not None:
+            leader.stop()
+        close()
+    return 0
+
+
+def _reclaim_stuck_jobs(args: argparse.Namespace) -> int:
+    config = Reclaimer.Config.from_settings(Settings.from_env())
+
+    def reclaim(pool: ConnectionPool[DictConnection]) -> str:
+        counts = Reclaimer(pool, config).run_once()
+        return f"requeued {counts.requeued} job(s), failed {counts.failed} as stuck"
+
+    return with_cli_pool(reclaim)
+
+
+def _cancel_job(args: argparse.Namespace) -> int:
+    def cancel(pool: ConnectionPool[DictConnection]) -> str:
+        job = cancel_job(pool, args.job_id, None)
+        return f"job {job['id']} cancelled (prompt {job['prompt_id']}, org {job['org_id']})"
+
+    return with_cli_pool(cancel)
+
+
+def _retry_job(args: argparse.Namespace) -> int:
+    def retry(pool: ConnectionPool[DictConnection]) -> str:
+        new = retry_job(pool, args.job_id, None)
+        return f"job {new.job_id} {new.state}, superseding job {new.supersedes}"
+
+    return with_cli_pool(retry)
+
+
+def _fake_provider(args: argparse.Namespace) -> int:
+    fake_provider.serve_forever(args.host, args.port, fake_provider.config_from_args(args))
+    return 0
+
+
+def _dev(args: argparse.Namespace) -> int:
+    from jobqueue.devtools.dev import run_dev
+
+    return run_dev(port=args.port)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _priority(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError("must be within 0..100")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Returns the argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(prog="sa-core", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", help="apply pending SQL migrations").set_defaults(func=_migrate)
+
+    worker = sub.add_parser("run-worker", help="claim and run jobs")
+    worker.add_argument("--once", action="store_true", help="one claim round, then exit")
+    worker.add_argument("--batch-size", type=_positive, default=None,
+                        help="most jobs claimed at once (default: --concurrency)")
+    worker.add_argument("--priority-ceiling", type=_priority, default=100,
+                        help="claim only jobs with priority <= N")
+    worker.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY,
+                        help=f"jobs run at once (threads; default {DEFAULT_CONCURRENCY})")
+    worker.set_defaults(func=_run_worker)
+
+    sub.add_parser(
+        "reclaim-stuck-jobs", help="requeue jobs whose worker stopped heartbeating (or fail them as stuck)"
+    ).set_defaults(func=_reclaim_stuck_jobs)
+    control_codes = "exit code 1 when the job is unknown or its state forbids it (message on stderr)"
+    cancel = sub.add_parser("cancel-job", help="cancel a queued or running job (any org)",
+                            epilog=control_codes)
+    cancel.add_argument("job_id", type=uuid.UUID, metavar="ID")
+    cancel.set_defaults(func=_cancel_job)
+    retry = sub.add_parser("retry-job", help="queue a new job superseding a finished one (any org)",
+                           epilog=control_codes)
+    retry.add_argument("job_id", type=uuid.UUID, metavar="ID")
+    retry.set_defaults(func=_retry_job)
+    add_operator_commands(sub)
+
+    add_token_commands(sub)
+
+    fake = sub.add_parser("fake-provider", help="run the OpenAI-compatible fake provider")
+    fake_provider.add_arguments(fake)
+    fake.set_defaults(func=_fake_provider)
+
+    dev = sub.add_parser("dev", help="migrate and run web, worker and fake provider together")
+    dev.add_argument("--port", type=int, default=8000)
+    dev.set_defaults(func=_dev)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one subcommand; returns its exit code."""
+    configure_logging()
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except (SettingsError, UsageError) as exc:
+        print(f"sa-core: {exc}", file=sys.stderr)
+        return 2
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

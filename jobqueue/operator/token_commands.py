@@ -1,0 +1,124 @@
+"""Token and key commands of `sa-core`: create-token, revoke-token, prune-idempotency-keys.
+
+Exit codes: 0 done; 1 the token is unknown or the database unreachable (message on stderr); 2 bad
+arguments or configuration.
+A token is printed once, by create-token, and never again: revoke-token prints only its id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from datetime import UTC, datetime, timedelta
+
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection
+from jobqueue.core.errors import NotFound
+from jobqueue.core.tokens import issue_token, revoke_token
+from jobqueue.engine.idempotency import prune_expired_keys
+from jobqueue.operator.cli_pool import with_cli_pool
+
+__all__ = ["add_token_commands", "parse_expiry"]
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_EXPIRES_HELP = ("a duration from now (90s, 30m, 12h, 30d, 2w) or an ISO 8601 date or instant "
+                 "(2027-01-31, 2027-01-31T12:00:00+00:00; no offset means UTC)")
+
+
+def parse_expiry(text: str, now: datetime | None = None) -> datetime:
+    """Parses `--expires`: a duration from `now`, or an absolute date or instant in the future.
+
+    Raises:
+        ValueError: neither form, or not in the future.
+    """
+    now = now or datetime.now(UTC)
+    match = _DURATION.match(text)
+    if match:
+        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        if seconds <= 0:
+            raise ValueError("a duration must be positive")
+        return now + timedelta(seconds=seconds)
+    try:
+        when = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(f"not a duration or date: {text!r}; use {_EXPIRES_HELP}") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    if when <= now:
+        raise ValueError(f"{text!r} is not in the future")
+    return when
+
+
+def _expiry(text: str) -> datetime:
+    try:
+        return parse_expiry(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _create_token(args: argparse.Namespace) -> int:
+    def create(pool: ConnectionPool[DictConnection]) -> str:
+        issued = issue_token(pool, args.org, args.user, label=args.label, expires_at=args.expires)
+        expires = issued.expires_at.isoformat() if issued.expires_at is not None else None
+        if args.json:
+            return json.dumps({"token": issued.token, "id": issued.id, "org_id": args.org,
+                               "user_id": args.user, "expires_at": expires})
+        until = f", expires {expires}" if expires else ""
+        return (f"token {issued.id} for org {args.org}, user {args.user}{until} "
+                f"(shown once): {issued.token}")
+
+    return with_cli_pool(create)
+
+
+def _revoke_token(args: argparse.Namespace) -> int:
+    def revoke(pool: ConnectionPool[DictConnection]) -> str:
+        revoked = revoke_token(pool, args.token)
+        if revoked is None:
+            raise NotFound("no such token")
+        state = "revoked" if revoked.newly else "was already revoked"
+        return (f"token {revoked.id} (org {revoked.org_id}, user {revoked.user_id}) {state} "
+                f"at {revoked.revoked_at.isoformat()}")
+
+    return with_cli_pool(revoke)
+
+
+def _prune_keys(args: argparse.Namespace) -> int:
+    def prune(pool: ConnectionPool[DictConnection]) -> str:
+        return f"deleted {prune_expired_keys(pool)} expired idempotency key(s)"
+
+    return with_cli_pool(prune)
+
+
+def _id_number(text: str) -> int:
+    value = int(text)
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError("must be a non-negative 64-bit integer")
+    return value
+
+
+def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds create-token, revoke-token and prune-idempotency-keys to `sa-core`'s subcommands."""
+    token = sub.add_parser("create-token", help="create an API token (printed once)")
+    token.add_argument("--org", type=_id_number, required=True)
+    token.add_argument("--user", type=_id_number, required=True)
+    token.add_argument("--label", default=None)
+    token.add_argument("--expires", type=_expiry, default=None, metavar="DURATION_OR_DATE",
+                       help=f"the token stops working then: {_EXPIRES_HELP} (default: never)")
+    token.add_argument("--json", action="store_true",
+                       help='print {"token", "id", "org_id", "user_id", "expires_at"}')
+    token.set_defaults(func=_create_token)
+
+    revoke = sub.add_parser(
+        "revoke-token", help="revoke an API token at once (by the token or by its id)",
+        epilog="exit codes: 0 revoked (or already revoked); 1 no such token; 2 bad arguments")
+    revoke.add_argument("token", metavar="TOKEN_OR_ID",
+                        help="the token itself, or the id create-token printed")
+    revoke.set_defaults(func=_revoke_token)
+
+    prune = sub.add_parser(
+        "prune-idempotency-keys",
+        help="delete Idempotency-Key records older than 24 h (they are ignored already)")
+    prune.set_defaults(func=_prune_keys)

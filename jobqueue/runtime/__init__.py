@@ -1,0 +1,1 @@
+"""The worker process: claim loop, executor, batched completer, provider adapter, maintenance."""

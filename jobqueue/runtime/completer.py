@@ -1,0 +1,143 @@
+"""Batches the finalizes of a worker's job threads: one transaction for whatever is waiting."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import psycopg
+import structlog
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection
+from jobqueue.engine import finalize
+
+__all__ = ["Completer"]
+
+# NOTE: a batch that meets a database restart is retried briefly; past this its jobs stay running
+# without heartbeats and the reclaimer returns them to the queue.
+_WRITE_TRIES = 5
+
+# NOTE: bounds one statement's arrays (and the transaction's row locks).
+_MAX_BATCH = 256
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass
+class _Pending:
+    finish: finalize.Finish
+    done: threading.Event = field(default_factory=threading.Event)
+    won: bool = False
+    error: BaseException | None = None
+
+
+class Completer:
+    """Writes finalizes from many job threads in batches; each caller waits for its own result.
+
+    PERF: River's batch completer idea. A job thread hands its finalize over and waits; one
+    thread writes everything waiting in one transaction, so under load many jobs share a commit
+    and idle workers pay no extra wait (a batch is whatever queued up during the last write).
+    Each job keeps its own claim guard inside the batch (see finalize.finish). A batch that
+    fails on something other than the connection is split and written job by job, so one bad
+    job cannot fail its neighbours.
+    """
+
+    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+        self._pool = pool
+        self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        # NOTE: for tests and benchmarks (like Worker.claim_rounds), read without a lock.
+        self.batches = 0
+
+    def finish(self, finish: finalize.Finish) -> bool:
+        """Writes one finalize with whatever else is waiting; blocks until it is committed.
+
+        Returns:
+            False when the claim was lost (nothing written for this job).
+
+        Raises:
+            psycopg.Error: the write failed (after retries, for connection errors).
+            RuntimeError: the completer is closed.
+        """
+        pending = _Pending(finish)
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the completer is closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sa-completer", daemon=True)
+                self._thread.start()
+            self._queue.put(pending)
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.won
+
+    @property
+    def waiting(self) -> int:
+        """Finalizes queued for the next batch."""
+        return self._queue.qsize()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Writes what is already waiting, then stops; later finishes raise RuntimeError."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+            if thread is not None:
+                self._queue.put(None)
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        while (first := self._queue.get()) is not None:
+            batch = [first]
+            stopping = False
+            while len(batch) < _MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    stopping = True
+                    break
+                batch.append(item)
+            self._write(batch)
+            if stopping:
+                return
+
+    def _write(self, batch: list[_Pending]) -> None:
+        try:
+            won = _with_retries(lambda: finalize.finish(self._pool, [p.finish for p in batch]))
+        except Exception as exc:
+            if len(batch) > 1 and not isinstance(exc, psycopg.OperationalError):
+                log.warning("completer.batch_split", jobs=len(batch), error=str(exc))
+                for pending in batch:
+                    self._write([pending])
+                return
+            for pending in batch:
+                pending.error = exc
+                pending.done.set()
+            return
+        self.batches += 1
+        for pending, ok in zip(batch, won, strict=True):
+            pending.won = ok
+            pending.done.set()
+
+
+def _with_retries(write: Callable[[], T]) -> T:
+    for attempt in range(1, _WRITE_TRIES + 1):
+        try:
+            return write()
+        except psycopg.OperationalError:
+            if attempt == _WRITE_TRIES:
+                raise
+            time.sleep(0.2 * 2**attempt)
+    raise AssertionError("unreachable")

@@ -1,0 +1,243 @@
+"""The maintenance leader: one runner, elected by a session advisory lock, reclaims stuck jobs.
+
+Every long-running worker starts a `MaintenanceLeader`. Each one competes for a fixed
+advisory lock on its own dedicated connection (a session lock belongs to one backend, so a
+pooled connection would not do); the one holding it runs `Reclaimer.run_once()` on that
+connection every `reclaim_interval`, jittered. When the holder dies or its connection breaks,
+Postgres releases the lock and another worker takes the role at its next attempt. No system
+cron is needed, and however many workers run, one acts at a time.
+
+NOTE: if the holder's connection is cut without Postgres noticing at once (a network
+partition), two runners may overlap for a while. That is safe: the reclaim statement locks the
+rows it changes (SKIP LOCKED) and re-checks `state = 'running'`, so it is idempotent.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+
+import psycopg
+import structlog
+from psycopg.rows import dict_row
+
+from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import maintenance as q
+from jobqueue.core.settings import Settings
+from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
+
+__all__ = ["MaintenanceLeader"]
+
+log = structlog.get_logger(__name__)
+
+APPLICATION_NAME = "sa-core maintenance"
+
+
+class MaintenanceLeader:
+    """Competes for the maintenance role in a thread and, while it holds it, runs reclaim rounds.
+
+    Hooks for tests and operators: `became_leader` is set while this runner holds the role,
+    `terms` counts how often it took it, `lock_attempts` how often it tried, `rounds` counts
+    reclaim rounds run, `errors` failed steps, and `on_round` (if given) is called in the
+    leader's thread with each round's counts.
+    """
+
+    @dataclass(frozen=True)
+    class Config:
+        """Intervals in seconds; every one must be positive and finite.
+
+        Attributes:
+            reclaim_interval: pause between reclaim rounds while leader (`SA_RECLAIM_INTERVAL`).
+            lock_retry_interval: pause between attempts to take the role while not leader.
+            reconnect_delay: pause after the connection failed, before connecting again.
+            connect_timeout: bound on opening the dedicated connection.
+            jitter: each pause varies by up to this fraction either way (0 <= jitter < 1).
+        """
+
+        reclaim_interval: float = 60.0
+        lock_retry_interval: float = 60.0
+        reconnect_delay: float = 5.0
+        connect_timeout: float = 10.0
+        jitter: float = 0.1
+
+        def __post_init__(self) -> None:
+            for name in ("reclaim_interval", "lock_retry_interval", "reconnect_delay",
+                         "connect_timeout"):
+                value = getattr(self, name)
+                if not (math.isfinite(value) and value > 0):
+                    raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+            if not 0 <= self.jitter < 1:
+                raise ValueError(f"jitter must be within [0, 1), got {self.jitter!r}")
+
+    def __init__(
+        self,
+        conninfo: str,
+        reclaim: Reclaimer.Config,
+        config: MaintenanceLeader.Config,
+        *,
+        on_round: Callable[[ReclaimCounts], None] | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        """Prepares a leader; `start()` runs it.
+
+        Args:
+            conninfo: libpq URI of a direct connection (not PgBouncer in transaction mode).
+            reclaim: what a reclaim round does.
+            config: how often it competes and runs.
+            on_round: called in the leader's thread after every reclaim round.
+            rng: source of jitter.
+        """
+        self.conninfo = conninfo
+        self.reclaim = reclaim
+        self.config = config
+        self.on_round = on_round
+        self.became_leader = threading.Event()
+        self.terms = 0
+        self.lock_attempts = 0
+        self.rounds = 0
+        self.errors = 0
+        self.last_counts: ReclaimCounts | None = None
+        self._rng = rng or random.Random()
+        self._stopping = threading.Event()
+        self._conn: DictConnection | None = None
+        self._leader = False
+        self._thread: threading.Thread | None = None
+        self.log = log.bind(component="maintenance")
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, on_round: Callable[[ReclaimCounts], None] | None = None
+    ) -> MaintenanceLeader:
+        """Returns a leader on `SA_DIRECT_DATABASE_URL` with the durations of `settings`."""
+        config = cls.Config(reclaim_interval=settings.reclaim_interval,
+                            lock_retry_interval=settings.reclaim_interval)
+        return cls(settings.direct_database_url, Reclaimer.Config.from_settings(settings), config,
+                   on_round=on_round)
+
+    @property
+    def is_leader(self) -> bool:
+        """True while this runner holds the maintenance lock (as far as it knows)."""
+        return self._leader
+
+    def start(self) -> MaintenanceLeader:
+        """Starts the leader's thread; returns self."""
+        if self._thread is not None:
+            raise RuntimeError("maintenance leader already started")
+        self._thread = threading.Thread(target=self._run, name="sa-maintenance", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stops competing, releases the lock and closes the connection.
+
+        Args:
+            timeout: seconds to wait for a round in progress (bounded by its statement timeout).
+        """
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self.log.warning("maintenance.stop_timeout", timeout=timeout)
+
+    def __enter__(self) -> MaintenanceLeader:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _run(self) -> None:
+        try:
+            self.log.info("maintenance.started")
+            while not self._stopping.is_set():
+                try:
+                    pause = self._step()
+                except Exception:
+                    # NOTE: `_step` handles its own errors; this only catches a failure of the
+                    # handling itself (a broken log stream), which must not end the role's loop.
+                    self.errors += 1
+                    pause = self.config.reconnect_delay
+                self._stopping.wait(self._jittered(pause))
+        finally:
+            self._close()
+            self.log.info("maintenance.stopped")
+
+    def _jittered(self, seconds: float) -> float:
+        spread = self.config.jitter
+        return seconds * (1.0 + self._rng.uniform(-spread, spread))
+
+    def _step(self) -> float:
+        """One pass: connect if needed, compete if not leader, reclaim if leader.
+
+        Returns:
+            Seconds to pause before the next pass.
+        """
+        cfg = self.config
+        try:
+            conn = self._connection()
+            if not self._leader and not self._try_lock(conn):
+                return cfg.lock_retry_interval
+            counts = Reclaimer(conn, self.reclaim).run_once()
+            self.last_counts = counts
+            self.rounds += 1
+            if self.on_round is not None:
+                self.on_round(counts)
+            return cfg.reclaim_interval
+        except psycopg.Error as exc:
+            self.errors += 1
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self.log.warning("maintenance.connection_lost", error=str(exc).strip(),
+                                 was_leader=self._leader)
+                self._close()
+                return cfg.reconnect_delay
+            self.log.warning("maintenance.round_failed", error=str(exc).strip(),
+                             error_type=type(exc).__name__)
+        except Exception:
+            self.errors += 1
+            self.log.exception("maintenance.round_failed")
+        return cfg.reclaim_interval if self._leader else cfg.lock_retry_interval
+
+    def _connection(self) -> DictConnection:
+        if self._conn is None or self._conn.closed:
+            # NOTE: keepalives let a half-open connection fail within about a minute, so a
+            # partitioned leader notices; the server side drops the lock on its own timers.
+            self._conn = psycopg.connect(
+                self.conninfo, autocommit=True, row_factory=dict_row,
+                connect_timeout=max(2, math.ceil(self.config.connect_timeout)),
+                application_name=APPLICATION_NAME,
+                keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
+            )
+        return self._conn
+
+    def _try_lock(self, conn: DictConnection) -> bool:
+        row = conn.execute(q.MAINTENANCE_TRY_LOCK).fetchone()
+        self.lock_attempts += 1
+        if row is None or not row["locked"]:
+            return False
+        self._leader = True
+        self.terms += 1
+        self.became_leader.set()
+        self.log.info("maintenance.leader_acquired", term=self.terms)
+        return True
+
+    def _close(self) -> None:
+        """Drops leadership and the connection; releases the lock first when it can."""
+        conn, self._conn = self._conn, None
+        was_leader, self._leader = self._leader, False
+        self.became_leader.clear()
+        if conn is None:
+            return
+        try:
+            if was_leader and not conn.closed and not conn.broken:
+                conn.execute(q.MAINTENANCE_UNLOCK)
+                self.log.info("maintenance.leader_released", term=self.terms)
+        except psycopg.Error as exc:
+            self.log.warning("maintenance.unlock_failed", error=str(exc).strip())
+        finally:
+            conn.close()

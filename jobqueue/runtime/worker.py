@@ -1,0 +1,301 @@
+"""The worker loop: claim as many jobs as there are free slots, hand them to job threads, heartbeat them."""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import psycopg
+import structlog
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import job as q
+from jobqueue.engine.claim import ClaimedJob, claim
+from jobqueue.runtime.executor import Executor, Outcome, RunControl
+
+__all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
+
+# NOTE: provider calls take seconds and job threads mostly wait on the network, so a process runs
+# many at once; the provider's rate limits, not the CPU, usually set the useful maximum.
+DEFAULT_CONCURRENCY = 32
+
+log = structlog.get_logger(__name__)
+
+
+def new_worker_id() -> str:
+    """Returns an id naming host and pid (for operators) plus randomness (unique across restarts)."""
+    return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How much a worker runs at once and how often it polls and heartbeats."""
+
+    concurrency: int = DEFAULT_CONCURRENCY
+    batch_size: int | None = None
+    priority_ceiling: int = 100
+    org_max_running: int = 0
+    poll_interval: float = 2.0
+    heartbeat_interval: float = 30.0
+    shutdown_grace: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if self.batch_size is not None and self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if not 0 <= self.priority_ceiling <= 100:
+            raise ValueError("priority_ceiling must be within 0..100")
+        if self.poll_interval <= 0 or self.heartbeat_interval <= 0:
+            raise ValueError("poll_interval and heartbeat_interval must be positive")
+        if self.org_max_running < 0:
+            raise ValueError("org_max_running must not be negative (0 means no cap)")
+        if self.shutdown_grace < 0:
+            raise ValueError("shutdown_grace must not be negative")
+
+    @property
+    def claim_limit(self) -> int:
+        """The most jobs one claim may take."""
+        return self.batch_size or self.concurrency
+
+
+@dataclass
+class _Run:
+    job: ClaimedJob
+    control: RunControl = field(default_factory=RunControl)
+
+
+class Worker:
+    """One worker process's engine; `run()` blocks until `stop()` (or one round with `once`).
+
+    Shutdown order: stop claiming, let in-flight jobs finish within `shutdown_grace`, put the
+    rest back to `queued` (no attempt spent), stop the heartbeat. The caller closes the pool.
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool[DictConnection],
+        executor: Executor,
+        config: WorkerConfig,
+        worker_id: str | None = None,
+    ) -> None:
+        self.pool = pool
+        self.executor = executor
+        self.config = config
+        self.worker_id = worker_id or new_worker_id()
+        self.log = log.bind(worker_id=self.worker_id)
+        self._inflight: dict[uuid.UUID, _Run] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._idle = threading.Condition(self._lock)
+        self._stopping = threading.Event()
+        self._next_due: float | None = None
+        self._runs: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
+        self._runners: list[threading.Thread] = []
+        self._idle_runners = 0
+        # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
+        self.claim_rounds = 0
+        self.claim_failures = 0
+
+    def stop(self) -> None:
+        """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
+        self._stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Ends the current wait early, so the worker claims now."""
+        self._wake.set()
+
+    def on_job_queued(self, payload: str) -> None:
+        """Reacts to a `sa_job_queued` notification: claim now, or remember when a delayed job is due.
+
+        Args:
+            payload: empty when the job is claimable now, else its scheduled_for in epoch seconds.
+        """
+        if not payload:
+            self._wake.set()
+            return
+        due = time.monotonic() + float(payload) - time.time()
+        with self._lock:
+            if self._next_due is None or due < self._next_due:
+                self._next_due = due
+        # NOTE: the sleeping loop recomputes its deadline only when woken.
+        self._wake.set()
+
+    @property
+    def inflight(self) -> int:
+        """Jobs this worker is running right now."""
+        with self._lock:
+            return len(self._inflight)
+
+    def run(self, once: bool = False) -> None:
+        """Claims and runs jobs until stopped; with `once`, one claim round run to completion."""
+        self.log.info("worker.started", concurrency=self.config.concurrency, once=once)
+        heartbeat = threading.Thread(target=self._heartbeat_loop, name="sa-heartbeat", daemon=True)
+        heartbeat.start()
+        try:
+            if once:
+                self._claim_round()
+                while not self._stopping.is_set() and not self._wait_idle(0.2):
+                    pass
+            else:
+                self._loop()
+        finally:
+            self._shutdown()
+            heartbeat.join(timeout=5)
+        # NOTE: the database round trips this worker made, for operators and bench/throughput.py.
+        self.log.info("worker.stopped", claims=self.claim_rounds,
+                      finalize_batches=self.executor.completer.batches)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                full = self._claim_round()
+            except psycopg.OperationalError as exc:
+                self.claim_failures += 1
+                self.log.warning("worker.claim_failed", error=str(exc))
+                full = False
+            if full and not self._stopping.is_set():
+                continue
+            self._wake.wait(self._sleep_for())
+            self._wake.clear()
+
+    def _sleep_for(self) -> float:
+        """The poll interval, or less when a delayed job falls due sooner."""
+        with self._lock:
+            if self._next_due is None:
+                return self.config.poll_interval
+            remaining = self._next_due - time.monotonic()
+            if remaining <= 0:
+                self._next_due = None
+                return 0.0
+        return min(self.config.poll_interval, remaining)
+
+    def _claim_round(self) -> bool:
+        """Claims for the free slots; True when it filled them all (more may be waiting)."""
+        free = self.config.concurrency - self.inflight
+        limit = min(free, self.config.claim_limit)
+        if limit <= 0:
+            return False
+        jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
+                     self.config.org_max_running)
+        self.claim_rounds += 1
+        for job in jobs:
+            self.log.info("job.claimed", job_id=str(job.id), prompt_id=str(job.prompt_id),
+                          org_id=job.org_id, attempt=job.attempt, from_state="queued",
+                          to_state="running")
+            run = _Run(job)
+            with self._lock:
+                self._inflight[job.id] = run
+                start_runner = self._idle_runners == 0
+                if not start_runner:
+                    self._idle_runners -= 1
+            if start_runner:
+                self._start_runner()
+            self._runs.put(run)
+        return len(jobs) == limit
+
+    def _start_runner(self) -> None:
+        """Adds a job thread; called only when none is idle.
+
+        PERF: job threads outlive their jobs, so a job costs no thread start and each thread keeps
+        its provider connection. An abandoned job's thread stays busy until its call returns, so
+        the pool grows past `concurrency` by the number of such calls still hanging.
+        """
+        runner = threading.Thread(target=self._runner_loop, name=f"sa-job-{len(self._runners)}",
+                                  daemon=True)
+        self._runners.append(runner)
+        runner.start()
+
+    def _runner_loop(self) -> None:
+        while (run := self._runs.get()) is not None:
+            self._run_job(run)
+
+    def _run_job(self, run: _Run) -> None:
+        try:
+            self.executor.run_claimed(run.job, run.control)
+        except Exception as exc:
+            self.log.exception("job.run_error", job_id=str(run.job.id))
+            try:
+                self.executor.fail_unexpected(run.job, exc)
+            except Exception:
+                self.log.exception("job.finalize_error", job_id=str(run.job.id))
+        finally:
+            self._release_slot(run, runner_idle=True)
+
+    def _release_slot(self, run: _Run, runner_idle: bool = False) -> None:
+        """Frees the job's slot; `runner_idle` when its thread is done with it too."""
+        with self._lock:
+            if runner_idle:
+                self._idle_runners += 1
+            if self._inflight.get(run.job.id) is run:
+                del self._inflight[run.job.id]
+            self._idle.notify_all()
+        self._wake.set()
+
+    def _wait_idle(self, timeout: float | None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while self._inflight:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def heartbeat_once(self) -> int:
+        """Refreshes the heartbeat of every job in flight in one UPDATE; abandons the ones lost.
+
+        Returns:
+            How many jobs were abandoned.
+        """
+        with self._lock:
+            snapshot = dict(self._inflight)
+        if not snapshot:
+            return 0
+        with self.pool.connection() as conn:
+            rows = conn.execute(
+                q.JOB_HEARTBEAT_MANY_IF_CLAIMED,
+                {"job_ids": list(snapshot), "claim": self.worker_id},
+            ).fetchall()
+        alive = {(r["id"], r["attempt"]) for r in rows}
+        # NOTE: a job whose finalize began during this UPDATE is not lost: it may just have
+        # committed; its own guarded write tells.
+        lost = [run for run in snapshot.values()
+                if (run.job.id, run.job.attempt) not in alive and run.control.abandon()]
+        for run in lost:
+            self.log.warning("job.claim_lost", job_id=str(run.job.id), attempt=run.job.attempt)
+            self._release_slot(run)
+        return len(lost)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._stopping.wait(self.config.heartbeat_interval):
+            try:
+                self.heartbeat_once()
+            except Exception:
+                self.log.exception("worker.heartbeat_failed")
+
+    def _shutdown(self) -> None:
+        self._stopping.set()
+        try:
+            self._finish_in_flight()
+        finally:
+            for _ in self._runners:
+                self._runs.put(None)
+
+    def _finish_in_flight(self) -> None:
+        if self._wait_idle(self.config.shutdown_grace):
+            return
+        with self._lock:
+            leftovers = list(self._inflight.values())
+        for run in leftovers:
+            run.control.abandon()
+        with self.pool.connection() as conn:
+            released = conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, (self.worker_id,)).fetchall()
+        self.log.warning("worker.released", jobs=len(released), outcome=Outcome.ABANDONED.value)
