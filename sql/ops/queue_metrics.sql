@@ -47,34 +47,9 @@ SELECT CASE WHEN GROUPING(org_id) = 1 THEN 'all' ELSE org_id::text END AS org_id
  ORDER BY GROUPING(org_id) DESC, sa_job.org_id;
 
 \echo 'wait (created -> first claim) and run (claim -> end of attempt), seconds, over the last' :'window'
--- served by sa_job_event_at_brin (at) (0002_archive.sql), then sa_job_event_job_idx (job_id, id)
--- for each event's predecessor. NOTE: the `measured` CTE is repeated in the next statement on
--- purpose: a temporary view would make the script fail on a read-only replica.
-WITH recent AS (
-    SELECT e.id, e.job_id, e.org_id, e.from_state, e.to_state, e.attempt, e.error_kind, e.at
-      FROM sa_job_event e
-     WHERE e.at >= now() - :'window'::interval
-       AND ((e.from_state = 'queued' AND e.to_state = 'running') OR e.from_state = 'running')
-), paired AS (
-    SELECT r.*, prev.at AS prev_at, prev.from_state AS prev_from_state,
-           prev.attempt AS prev_attempt
-      FROM recent r
-     CROSS JOIN LATERAL (
-           SELECT p.at, p.from_state, p.attempt
-             FROM sa_job_event p
-            WHERE p.job_id = r.job_id AND p.id < r.id
-            ORDER BY p.id DESC
-            LIMIT 1) prev
-), measured AS (
-    SELECT org_id,
-           CASE WHEN from_state = 'queued' THEN 'wait' ELSE 'run' END AS measure,
-           extract(epoch FROM at - prev_at)::float8 AS seconds,
-           (to_state = 'failed' OR (to_state = 'queued' AND attempt > prev_attempt)) AS errored,
-           error_kind
-      FROM paired
-     WHERE (from_state = 'queued' AND prev_from_state IS NULL)
-        OR (from_state = 'running' AND NOT (to_state = 'queued' AND attempt = prev_attempt))
-)
+-- sa_job_measured (0009_measured_attempts.sql) is the one definition of these figures, shared with
+-- the CLI; the planner inlines it, so sa_job_event_at_brin (at) serves the window.
+WITH measured AS (SELECT * FROM sa_job_measured(now() - :'window'::interval))
 SELECT CASE WHEN GROUPING(org_id) = 1 THEN 'all' ELSE org_id::text END AS org_id,
        count(*) FILTER (WHERE measure = 'wait') AS claims,
        round(avg(seconds) FILTER (WHERE measure = 'wait')::numeric, 3) AS wait_mean,
@@ -92,30 +67,8 @@ SELECT CASE WHEN GROUPING(org_id) = 1 THEN 'all' ELSE org_id::text END AS org_id
  ORDER BY GROUPING(org_id) DESC, measured.org_id;
 
 \echo 'errored attempts by error_kind over the last' :'window' '(rate: of the attempts that ended)'
-WITH recent AS (
-    SELECT e.id, e.job_id, e.org_id, e.from_state, e.to_state, e.attempt, e.error_kind, e.at
-      FROM sa_job_event e
-     WHERE e.at >= now() - :'window'::interval
-       AND ((e.from_state = 'queued' AND e.to_state = 'running') OR e.from_state = 'running')
-), paired AS (
-    SELECT r.*, prev.at AS prev_at, prev.from_state AS prev_from_state,
-           prev.attempt AS prev_attempt
-      FROM recent r
-     CROSS JOIN LATERAL (
-           SELECT p.at, p.from_state, p.attempt
-             FROM sa_job_event p
-            WHERE p.job_id = r.job_id AND p.id < r.id
-            ORDER BY p.id DESC
-            LIMIT 1) prev
-), measured AS (
-    SELECT org_id,
-           CASE WHEN from_state = 'queued' THEN 'wait' ELSE 'run' END AS measure,
-           extract(epoch FROM at - prev_at)::float8 AS seconds,
-           (to_state = 'failed' OR (to_state = 'queued' AND attempt > prev_attempt)) AS errored,
-           error_kind
-      FROM paired
-     WHERE (from_state = 'queued' AND prev_from_state IS NULL)
-        OR (from_state = 'running' AND NOT (to_state = 'queued' AND attempt = prev_attempt))
+WITH measured AS (
+    SELECT * FROM sa_job_measured(now() - :'window'::interval)
 ), attempts AS (
     SELECT org_id, count(*) AS n FROM measured WHERE measure = 'run' GROUP BY org_id
 ), errs AS (

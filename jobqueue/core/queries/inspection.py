@@ -102,41 +102,11 @@ SELECT org_id,
  ORDER BY org_id
 """
 
-# served by sa_job_event_at_brin (at) (0002_archive.sql) for the window, then
-# sa_job_event_job_idx (job_id, id) for each event's predecessor (one probe each).
-# Measures, from the event log (the same figures whichever process made the transitions):
-# - wait: creation to first claim (the event before a job's first `queued -> running` is its
-#   creation event, from_state NULL); a retry's backoff is not waiting for a worker;
-# - run: claim to the end of that attempt (the event before any `running -> X` is its claim);
-# - errors: attempts that ended `failed`, or back in `queued` with attempt + 1 (a retry or a
-#   reclaim). A release at shutdown (`running -> queued`, same attempt) is not an attempt's end:
-#   the job was put back unharmed, so it is left out of run times and rates.
+# The measured intervals of the event log since a moment: sa_job_measured (0009_measured_attempts.sql),
+# the one definition shared with sql/ops/queue_metrics.sql; inlined by the planner, so its window
+# is served by sa_job_event_at_brin (at) and each predecessor by sa_job_event_job_idx (job_id, id).
 _MEASURED = """
-WITH recent AS (
-    SELECT e.id, e.job_id, e.org_id, e.from_state, e.to_state, e.attempt, e.error_kind, e.at
-      FROM sa_job_event e
-     WHERE e.at >= %(since)s
-       AND ((e.from_state = 'queued' AND e.to_state = 'running') OR e.from_state = 'running')
-), paired AS (
-    SELECT r.*, prev.at AS prev_at, prev.from_state AS prev_from_state,
-           prev.attempt AS prev_attempt
-      FROM recent r
-     CROSS JOIN LATERAL (
-           SELECT p.at, p.from_state, p.attempt
-             FROM sa_job_event p
-            WHERE p.job_id = r.job_id AND p.id < r.id
-            ORDER BY p.id DESC
-            LIMIT 1) prev
-), measured AS (
-    SELECT org_id,
-           CASE WHEN from_state = 'queued' THEN 'wait' ELSE 'run' END AS measure,
-           extract(epoch FROM at - prev_at)::float8 AS seconds,
-           (to_state = 'failed' OR (to_state = 'queued' AND attempt > prev_attempt)) AS errored,
-           error_kind
-      FROM paired
-     WHERE (from_state = 'queued' AND prev_from_state IS NULL)
-        OR (from_state = 'running' AND NOT (to_state = 'queued' AND attempt = prev_attempt))
-)
+WITH measured AS (SELECT * FROM sa_job_measured(%(since)s))
 """
 
 # One row for all orgs (`all_orgs` true) then one per org. Seconds are float8; means and p95 are
