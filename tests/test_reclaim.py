@@ -199,12 +199,13 @@ def test_reclaim_pages_through_many_jobs_in_batches(
 def test_reclaim_statement_is_served_by_the_heartbeat_index(
     pool: ConnectionPool[DictConnection],
 ) -> None:
-    params = {"now": None, "stale_after": 1.0, "stuck_after": 5.0, "limit": 10}
+    params = {"now": None, "stale_after": 1.0, "stuck_after": 5.0, "limit": 10,
+              "after_heartbeat": None, "after_id": None}
     with pool.connection() as conn, conn.transaction():
         # NOTE: an empty table makes a sequential scan cheapest; forbid it to see the path.
         conn.execute("SET LOCAL enable_seqscan = off")
         plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
-            "EXPLAIN " + mq.JOB_RECLAIM_MANY_IF_STALE, params).fetchall())
+            "EXPLAIN " + mq.JOB_LIST_RECLAIMABLE_PAGE, params).fetchall())
     assert "sa_job_heartbeat_idx" in plan, plan
 
 
