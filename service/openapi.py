@@ -14,6 +14,7 @@ import falcon
 
 from jobqueue.enqueue import QUEUE_FULL_RETRY_AFTER
 from jobqueue.idempotency import KEY_TTL_SECONDS, MAX_KEY_LENGTH
+from jobqueue.policy import ErrorKind
 from jobqueue.settings import Settings
 from service.auth import API_PREFIX
 from service.validation import (
@@ -31,8 +32,7 @@ OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
 Schema = dict[str, Any]
 
 JOB_STATES = ["queued", "running", "succeeded", "failed", "cancelled", "superseded"]
-ERROR_KINDS = ["timeout", "rate_limit", "provider_5xx", "provider_4xx", "parse", "auth",
-               "worker_crash", "stuck", "unknown"]
+ERROR_KINDS = [kind.value for kind in ErrorKind]
 
 
 def _ref(name: str) -> Schema:

@@ -1,0 +1,72 @@
+"""Bad data written behind the API's back never crashes a process: the job fails, the rest run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from psycopg_pool import ConnectionPool
+
+from jobqueue.claim import MAX_DEPTH, Undecodable, options_error
+from jobqueue.db import DictConnection
+from jobqueue.enqueue import enqueue
+from jobqueue.tokens import Caller
+from tests.conftest import WorkerHarness, fetch_all, wait_for
+
+__all__: list[str] = []
+
+# NOTE: jsonb literals an operator could write with SQL; each one used to fail the claim
+# statement's cast (or Python's decode of the claimed row) for every worker.
+BAD_OPTIONS = [
+    '{"depth": "abc"}',
+    '{"depth": 99999999999}',
+    '{"depth": 1e5000}',
+    '{"depth": -1}',
+    '{"depth": 2.5}',
+    '{"depth": null}',
+    '{"model": 5}',
+]
+
+
+@pytest.mark.parametrize("options", [{"depth": "abc"}, {"depth": True}, {"depth": MAX_DEPTH + 1},
+                                     {"depth": -1}, {"depth": 2.0}, {"model": ["x"]}, [],
+                                     Undecodable("too many digits")])
+def test_options_the_worker_cannot_use_are_named(options: Any) -> None:
+    error = options_error(options)
+    assert error is not None and "execution_options" in error
+
+
+@pytest.mark.parametrize("options", [{}, {"depth": 0}, {"depth": MAX_DEPTH}, {"model": "m"},
+                                     {"depth": 3, "model": "m", "later_option": 1}])
+def test_options_the_worker_can_use_pass(options: dict[str, Any]) -> None:
+    assert options_error(options) is None
+
+
+def test_undecodable_options_fail_their_job_and_the_worker_runs_the_rest(
+    pool: ConnectionPool[DictConnection], caller: Caller, workers: WorkerHarness,
+) -> None:
+    good = [enqueue(pool, caller, f"good {i}").job_id for i in range(3)]
+    bad = []
+    for literal in BAD_OPTIONS:
+        job_id = enqueue(pool, caller, f"bad {literal}").job_id
+        with pool.connection() as conn:
+            conn.execute("UPDATE sa_job SET execution_options = %s::jsonb WHERE id = %s",
+                         (literal, job_id))
+        bad.append(job_id)
+
+    workers.start(concurrency=2)
+    wait_for(lambda: not fetch_all(pool, "SELECT 1 FROM sa_job WHERE state IN ('queued', 'running')"))
+
+    rows = {r["id"]: r for r in fetch_all(
+        pool, "SELECT id, state, error_kind, error_message, attempt FROM sa_job")}
+    assert [rows[j]["state"] for j in good] == ["succeeded"] * 3
+    for job_id in bad:
+        row = rows[job_id]
+        assert (row["state"], row["error_kind"], row["attempt"]) == ("failed", "invalid_options", 1)
+        assert "execution_options" in row["error_message"]
+    assert not fetch_all(pool, "SELECT 1 FROM sa_ledger WHERE job_id = ANY(%s)", bad)
+
+    # The worker is still claiming: a job queued now runs to the end.
+    later = enqueue(pool, caller, "after the bad ones").job_id
+    wait_for(lambda: fetch_all(pool, "SELECT state FROM sa_job WHERE id = %s", later)[0]["state"]
+             == "succeeded")
