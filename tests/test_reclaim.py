@@ -345,3 +345,35 @@ def test_stop_releases_the_lock_and_closes_the_connection(
     assert fetch_all(pool, HOLDERS) == []
     assert fetch_all(pool, "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
                            "AND datname = current_database()", "sa-core maintenance") == []
+
+
+def test_an_attempt_past_stuck_after_fails_as_stuck_although_its_worker_heartbeats(
+    pool: ConnectionPool[DictConnection], caller: Caller, workers: WorkerHarness,
+    leaders: Callable[..., MaintenanceLeader],
+) -> None:
+    # One job slot, a provider call that outlasts the stuck limit four times over (it answers
+    # 200 after 2 s), a fresh heartbeat every 0.1 s: only the stuck limit can free the job.
+    workers.start(concurrency=1, heartbeat_interval=0.1)
+    slow = enqueue(pool, caller, "answered too late [fake:latency=2]")
+    wait_for(lambda: job_row(pool, slow.job_id)["state"] == "running")
+    leaders(Reclaimer.Config(stale_after=30.0, stuck_after=0.5))
+
+    wait_for(lambda: job_row(pool, slow.job_id)["state"] == "failed")
+    row = job_row(pool, slow.job_id)
+    assert (row["error_kind"], row["attempt"]) == ("stuck", 1)
+    assert "still heartbeating" in row["error_message"]
+    assert transitions(pool, slow.job_id)[-1] == ("running", "failed", 1, "stuck")
+
+    # The slot comes back at once: the next job runs on the same one-slot worker.
+    after = enqueue(pool, caller, "next in line")
+    wait_for(lambda: job_row(pool, after.job_id)["state"] == "succeeded")
+
+    # NOTE: the late answer has no event of its own to wait on; wait until it is well past
+    # (the database's clock), then check that its finalize wrote nothing.
+    wait_for(lambda: fetch_one(pool, "SELECT now() > started_at + interval '3 s' AS past "
+                                     "FROM sa_job WHERE id = %s", slow.job_id)["past"])
+    row = job_row(pool, slow.job_id)
+    assert (row["state"], row["error_kind"], row["response_id"]) == ("failed", "stuck", None)
+    assert not fetch_all(pool, "SELECT 1 FROM sa_ledger WHERE job_id = %s", slow.job_id)
+    assert not fetch_all(pool, "SELECT 1 FROM sa_entity WHERE kind = 'response' AND parent_id = %s",
+                         slow.prompt_id)
