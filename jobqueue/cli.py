@@ -50,7 +50,7 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
         raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
     # NOTE: job threads never hold a connection: the claim loop, the heartbeat and the completer
     # each borrow one for a statement, whatever the concurrency.
-    pool = open_pool(settings.database_url, name="worker", max_size=4)
+    pool = open_pool(settings.worker_database_url, name="worker", max_size=4)
     provider = Provider(settings.provider_url, settings.provider_api_key, settings.provider_timeout)
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)

@@ -3,6 +3,7 @@
 __all__ = [
     "JOB_LIST_RECLAIMABLE_PAGE",
     "JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE",
+    "MAINTENANCE_SET_KEEPALIVES",
     "MAINTENANCE_SET_STATEMENT_TIMEOUT",
     "MAINTENANCE_TRY_LOCK",
     "MAINTENANCE_UNLOCK",
@@ -13,6 +14,18 @@ __all__ = [
 # the connection that took it, and Postgres drops it when that backend ends.
 MAINTENANCE_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtext('sa-core maintenance')) AS locked"
 MAINTENANCE_UNLOCK = "SELECT pg_advisory_unlock(hashtext('sa-core maintenance')) AS unlocked"
+
+# NOTE: the leader's session-level server-side TCP keepalives, so Postgres notices a vanished
+# leader host (and drops its advisory lock) within about a minute instead of the kernel's default
+# two hours. set_config(..., false) is SET for the session; each answer is the value the server
+# then shows, which for these settings is read back from the socket (0 on a Unix socket, where
+# they do not apply). Values as text: seconds, a count, and milliseconds for tcp_user_timeout.
+MAINTENANCE_SET_KEEPALIVES = """
+SELECT set_config('tcp_keepalives_idle', %(idle)s, false) AS tcp_keepalives_idle,
+       set_config('tcp_keepalives_interval', %(interval)s, false) AS tcp_keepalives_interval,
+       set_config('tcp_keepalives_count', %(count)s, false) AS tcp_keepalives_count,
+       set_config('tcp_user_timeout', %(user_timeout_ms)s, false) AS tcp_user_timeout
+"""
 
 # NOTE: set_config(..., true) is SET LOCAL with a bindable value (SET takes no parameters);
 # it lasts until the end of the current transaction. Value in milliseconds, as text.
