@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -70,3 +72,54 @@ def test_undecodable_options_fail_their_job_and_the_worker_runs_the_rest(
     later = enqueue(pool, caller, "after the bad ones").job_id
     wait_for(lambda: fetch_all(pool, "SELECT state FROM sa_job WHERE id = %s", later)[0]["state"]
              == "succeeded")
+
+
+# --- operator output ---------------------------------------------------------------------------
+
+HOSTILE = "red \x1b[31mALERT\x1b]0;owned\x07 back\rover \u202eevil\u2066 \x9b2J"
+RAW_CONTROLS = ["\x1b", "\x07", "\r", "\u202e", "\u2066", "\x9b"]
+
+
+def test_operator_output_escapes_tenants_control_characters(
+    pool: ConnectionPool[DictConnection], caller: Caller, cli: Callable[[list[str]], int],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    job_id = enqueue(pool, caller, f"line one\n{HOSTILE}", options={"model": HOSTILE}).job_id
+    with pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET state = 'cancelled', error_kind = 'unknown', "
+                     "error_message = %s WHERE id = %s", (HOSTILE, job_id))
+
+    assert cli(["job-details", str(job_id)]) == 0
+    assert cli(["list-jobs"]) == 0
+    out = capsys.readouterr().out
+
+    assert not [c for c in RAW_CONTROLS if c in out]
+    assert "  line one\n  red \\x1b[31mALERT\\x1b]0;owned\\x07 back\\x0dover \\u202eevil" in out
+    assert "unknown: red \\x1b[31mALERT" in out
+
+    # JSON output stays exact (and JSON-escaped).
+    assert cli(["job-details", str(job_id), "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["job"]["error_message"] == HOSTILE
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("HTTPS_PROXY", "socks5://bob:hunter2@proxy.internal:1080"),
+    ("SA_PROVIDER_URL", "ftp://bob:hunter2@provider.internal/v1"),
+    ("SA_PROVIDER_URL", "https://bob:hunter2@provider.internal:99999/v1"),
+])
+def test_a_bad_provider_or_proxy_url_is_one_line_without_its_password(
+    cli: Callable[[list[str]], int], capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch, name: str, value: str,
+) -> None:
+    monkeypatch.setenv("SA_PROVIDER_URL", "https://provider.internal/v1")
+    monkeypatch.setenv("NO_PROXY", "")
+    monkeypatch.setenv(name, value)
+
+    assert cli(["run-worker", "--once"]) == 2
+
+    captured = capsys.readouterr()
+    assert "hunter2" not in captured.out + captured.err
+    assert "Traceback" not in captured.err
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sa-core: SA_PROVIDER_URL or proxy setting: ")
