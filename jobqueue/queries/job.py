@@ -28,6 +28,9 @@ error_message, supersedes, org_id, created_by, scheduled_for, created_at, update
 # NOTE: shared by both claim statements: what a claim writes and hands back. Each job comes
 # with its context (the prompt and up to `depth` ancestors, oldest first, by sa_entity_pkey
 # probes) so running it needs no further read: PERF, one round trip fewer per job.
+# NOTE: the depth is read with no cast that can fail (one undecodable row would fail the whole
+# claim, for every worker): a depth that is not 0..99 reads no ancestor, and claim.py then fails
+# that job as invalid_options.
 _CLAIM_SET = """
 , claimed AS (
     UPDATE sa_job j
@@ -53,9 +56,6 @@ SELECT claimed.*, (
          WHERE e.org_id = claimed.org_id
            AND chain.depth < CASE
                WHEN NOT claimed.execution_options ? 'depth' THEN %(default_depth)s
-               -- NOTE: never a cast that can fail: one undecodable row would fail the whole
-               -- claim for every worker. An unusable depth reads no ancestor; claim.py then
-               -- fails that job as invalid_options.
                WHEN jsonb_typeof(claimed.execution_options -> 'depth') = 'number'
                     AND claimed.execution_options ->> 'depth' ~ '^[0-9]{1,2}$'
                THEN (claimed.execution_options ->> 'depth')::int
