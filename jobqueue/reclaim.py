@@ -43,7 +43,7 @@ class ReclaimCounts:
 
 
 class Reclaimer:
-    """Applies spec §5/§8's stuck-job rule set-based, one page of `batch_size` jobs at a time.
+    """Applies spec §5/§8's stuck-job rules (policy.decide_reclaim) a page of `batch_size` jobs at a time.
 
     Works on a pool (CLI, tests) or on one connection (the maintenance leader's own).
     """
