@@ -12,9 +12,10 @@ from typing import Any
 
 import falcon
 
-from jobqueue.core.settings import Settings
+from jobqueue.core.policy import ErrorKind
+from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
-from jobqueue.engine.idempotency import KEY_TTL_SECONDS, MAX_KEY_LENGTH
+from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 from service.auth import API_PREFIX
 from service.validation import (
     MAX_ATTEMPTS_LIMIT,
@@ -31,8 +32,7 @@ OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
 Schema = dict[str, Any]
 
 JOB_STATES = ["queued", "running", "succeeded", "failed", "cancelled", "superseded"]
-ERROR_KINDS = ["timeout", "rate_limit", "provider_5xx", "provider_4xx", "parse", "auth",
-               "worker_crash", "stuck", "unknown"]
+ERROR_KINDS = [kind.value for kind in ErrorKind]
 
 
 def _ref(name: str) -> Schema:

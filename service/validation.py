@@ -10,6 +10,7 @@ from typing import Any
 
 import falcon
 
+from jobqueue.engine.claim import MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
 __all__ = [
@@ -29,7 +30,6 @@ __all__ = [
 PROMPT_FIELDS = frozenset({"text", "parent_id", "priority", "max_attempts", "options"})
 OPTION_KEYS = ("depth", "model")
 MAX_ATTEMPTS_LIMIT = 10
-MAX_DEPTH = 50
 MAX_MODEL_CHARS = 200
 
 UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"

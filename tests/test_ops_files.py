@@ -169,7 +169,7 @@ def test_systemd_analyze_finds_nothing_but_the_uninstalled_binaries(tmp_path: Pa
 def test_the_crontab_runs_workers_once_with_a_lock_and_the_maintenance_jobs() -> None:
     entries = [line for line in (OPS / "cron" / "sa-core.cron").read_text().splitlines()
                if line and not line.startswith("#") and "=" not in line.split()[0]]
-    assert len(entries) == 3
+    assert len(entries) == 4
     for entry in entries:
         fields = entry.split(None, 6)
         assert len(fields) == 7 and fields[5] == "sa-core"
@@ -177,3 +177,4 @@ def test_the_crontab_runs_workers_once_with_a_lock_and_the_maintenance_jobs() ->
     assert "flock -n" in entries[0] and "run-worker --once" in entries[0]
     assert "reclaim-stuck-jobs" in entries[1]
     assert "archive-old-jobs --before 30d" in entries[2]
+    assert "prune-idempotency-keys" in entries[3]

@@ -12,11 +12,13 @@ from jobqueue.core.policy import (
     RETRYABLE,
     BackoffConfig,
     ErrorKind,
+    ReclaimCandidate,
     RetryAction,
     RetryDecision,
     backoff_delay,
     classify_status,
     decide,
+    decide_reclaim,
     parse_retry_after,
 )
 
@@ -358,3 +360,49 @@ def test_decide_rejects_bad_arguments(
         decide(
             ErrorKind.TIMEOUT, attempt, max_attempts, retry_after, BackoffConfig(), random.Random(0)
         )
+
+
+# --- decide_reclaim ----------------------------------------------------------
+
+
+def _running(started_ago: float, silent_for: float, attempt: int = 1,
+             max_attempts: int = 3) -> ReclaimCandidate:
+    return ReclaimCandidate(worker_claim="w1", attempt=attempt, max_attempts=max_attempts,
+                            started_at=NOW - timedelta(seconds=started_ago),
+                            last_heartbeat=NOW - timedelta(seconds=silent_for))
+
+
+def test_decide_reclaim_leaves_a_heartbeating_job_within_the_stuck_limit_alone() -> None:
+    assert decide_reclaim(_running(899.9, 300.0), NOW, 300.0, 900.0) is None
+
+
+def test_decide_reclaim_requeues_a_silent_job_with_attempts_left_at_once() -> None:
+    decision = decide_reclaim(_running(400.0, 300.5, attempt=2), NOW, 300.0, 900.0)
+    assert decision is not None
+    assert (decision.action, decision.kind) == (RetryAction.RETRY, ErrorKind.WORKER_CRASH)
+    assert "w1" in decision.message and "attempt 2 of 3 requeued" in decision.message
+
+
+def test_decide_reclaim_fails_a_silent_job_on_its_last_attempt_as_stuck() -> None:
+    decision = decide_reclaim(_running(400.0, 301.0, attempt=3), NOW, 300.0, 900.0)
+    assert decision is not None
+    assert (decision.action, decision.kind) == (RetryAction.FAIL, ErrorKind.STUCK)
+    assert "last attempt (3 of 3)" in decision.message
+
+
+@pytest.mark.parametrize("silent_for", [0.0, 301.0])
+def test_decide_reclaim_fails_an_attempt_past_the_stuck_limit_heartbeat_or_not(
+    silent_for: float,
+) -> None:
+    decision = decide_reclaim(_running(900.0, silent_for, attempt=1), NOW, 300.0, 900.0)
+    assert decision is not None
+    assert (decision.action, decision.kind) == (RetryAction.FAIL, ErrorKind.STUCK)
+    assert "longer ago than the stuck limit" in decision.message
+    assert ("still heartbeating" in decision.message) == (silent_for == 0.0)
+
+
+def test_decide_reclaim_rejects_a_naive_instant_and_bad_attempts() -> None:
+    with pytest.raises(ValueError, match="timezone"):
+        decide_reclaim(_running(1.0, 1.0), NOW.replace(tzinfo=None), 300.0, 900.0)
+    with pytest.raises(ValueError, match="attempt"):
+        decide_reclaim(_running(1.0, 1.0, attempt=0), NOW, 300.0, 900.0)

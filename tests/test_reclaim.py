@@ -7,8 +7,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import uuid
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -199,13 +200,27 @@ def test_reclaim_pages_through_many_jobs_in_batches(
 def test_reclaim_statement_is_served_by_the_heartbeat_index(
     pool: ConnectionPool[DictConnection],
 ) -> None:
-    params = {"now": None, "stale_after": 1.0, "stuck_after": 5.0, "limit": 10}
+    params = {"now": None, "stale_after": 1.0, "stuck_after": 5.0, "limit": 10,
+              "after_heartbeat": None, "after_id": None}
     with pool.connection() as conn, conn.transaction():
         # NOTE: an empty table makes a sequential scan cheapest; forbid it to see the path.
         conn.execute("SET LOCAL enable_seqscan = off")
         plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
-            "EXPLAIN " + mq.JOB_RECLAIM_MANY_IF_STALE, params).fetchall())
+            "EXPLAIN " + mq.JOB_LIST_RECLAIMABLE_PAGE, params).fetchall())
     assert "sa_job_heartbeat_idx" in plan, plan
+
+
+def test_reclaim_write_is_served_by_an_index(
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    params = {"job_ids": [uuid.uuid4()], "claims": ["w"], "attempts": [1],
+              "to_states": ["failed"], "error_kinds": ["stuck"], "error_messages": ["m"],
+              "as_of": datetime.now(UTC), "stale_after": 1.0, "stuck_after": 5.0}
+    with pool.connection() as conn, conn.transaction():
+        conn.execute("SET LOCAL enable_seqscan = off")
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+            "EXPLAIN " + mq.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE, params).fetchall())
+    assert any(index in plan for index in ("sa_job_pkey", "sa_job_worker_claim_idx")), plan
 
 
 def test_each_reclaim_statement_runs_under_a_statement_timeout(
@@ -342,5 +357,38 @@ def test_stop_releases_the_lock_and_closes_the_connection(
 
     assert not leader.is_leader and not leader.became_leader.is_set()
     assert fetch_all(pool, HOLDERS) == []
-    assert fetch_all(pool, "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
-                           "AND datname = current_database()", "sa-core maintenance") == []
+    # NOTE: the server ends the backend just after the client closed its socket.
+    wait_for(lambda: fetch_all(pool, "SELECT pid FROM pg_stat_activity WHERE application_name = %s "
+                                     "AND datname = current_database()", "sa-core maintenance") == [])
+
+
+def test_an_attempt_past_stuck_after_fails_as_stuck_although_its_worker_heartbeats(
+    pool: ConnectionPool[DictConnection], caller: Caller, workers: WorkerHarness,
+    leaders: Callable[..., MaintenanceLeader],
+) -> None:
+    # One job slot, a provider call that outlasts the stuck limit four times over (it answers
+    # 200 after 2 s), a fresh heartbeat every 0.1 s: only the stuck limit can free the job.
+    workers.start(concurrency=1, heartbeat_interval=0.1)
+    slow = enqueue(pool, caller, "answered too late [fake:latency=2]")
+    wait_for(lambda: job_row(pool, slow.job_id)["state"] == "running")
+    leaders(Reclaimer.Config(stale_after=30.0, stuck_after=0.5))
+
+    wait_for(lambda: job_row(pool, slow.job_id)["state"] == "failed")
+    row = job_row(pool, slow.job_id)
+    assert (row["error_kind"], row["attempt"]) == ("stuck", 1)
+    assert "still heartbeating" in row["error_message"]
+    assert transitions(pool, slow.job_id)[-1] == ("running", "failed", 1, "stuck")
+
+    # The slot comes back at once: the next job runs on the same one-slot worker.
+    after = enqueue(pool, caller, "next in line")
+    wait_for(lambda: job_row(pool, after.job_id)["state"] == "succeeded")
+
+    # NOTE: the late answer has no event of its own to wait on; wait until it is well past
+    # (the database's clock), then check that its finalize wrote nothing.
+    wait_for(lambda: fetch_one(pool, "SELECT now() > started_at + interval '3 s' AS past "
+                                     "FROM sa_job WHERE id = %s", slow.job_id)["past"])
+    row = job_row(pool, slow.job_id)
+    assert (row["state"], row["error_kind"], row["response_id"]) == ("failed", "stuck", None)
+    assert not fetch_all(pool, "SELECT 1 FROM sa_ledger WHERE job_id = %s", slow.job_id)
+    assert not fetch_all(pool, "SELECT 1 FROM sa_entity WHERE kind = 'response' AND parent_id = %s",
+                         slow.prompt_id)

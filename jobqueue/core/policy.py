@@ -1,4 +1,4 @@
-"""Failure classification, backoff and the retry-or-fail decision (spec §8)."""
+"""Failure classification, backoff and the retry-or-fail decisions (spec §5/§8), the reclaim's included."""
 
 from __future__ import annotations
 
@@ -14,11 +14,14 @@ __all__ = [
     "RETRYABLE",
     "BackoffConfig",
     "ErrorKind",
+    "ReclaimCandidate",
+    "ReclaimDecision",
     "RetryAction",
     "RetryDecision",
     "backoff_delay",
     "classify_status",
     "decide",
+    "decide_reclaim",
     "parse_retry_after",
 ]
 
@@ -35,6 +38,7 @@ class ErrorKind(StrEnum):
     WORKER_CRASH = "worker_crash"
     STUCK = "stuck"
     UNKNOWN = "unknown"
+    INVALID_OPTIONS = "invalid_options"
 
 
 RETRYABLE: frozenset[ErrorKind] = frozenset(
@@ -217,6 +221,11 @@ class RetryDecision:
     reason: str
 
 
+def _budget_spent(attempt: int, max_attempts: int) -> bool:
+    """The one attempt-budget rule: every attempt counts, a reclaimed one included."""
+    return attempt >= max_attempts
+
+
 def decide(
     kind: ErrorKind,
     attempt: int,
@@ -254,7 +263,7 @@ def decide(
 
     if kind not in RETRYABLE:
         return RetryDecision(RetryAction.FAIL, 0.0, "not retryable")
-    if attempt >= max_attempts:
+    if _budget_spent(attempt, max_attempts):
         return RetryDecision(
             RetryAction.FAIL, 0.0, f"retry budget exhausted after {attempt} attempts"
         )
@@ -278,3 +287,88 @@ def decide(
         delay,
         f"retrying in {delay:.1f}s (attempt {next_attempt} of {max_attempts})",
     )
+
+
+@dataclass(frozen=True)
+class ReclaimCandidate:
+    """A running job as the reclaim read it: enough to decide, and to guard the write.
+
+    Attributes:
+        worker_claim: the worker that holds it.
+        attempt: the attempt it runs (1 or more).
+        max_attempts: its attempt budget.
+        started_at: when this attempt started.
+        last_heartbeat: its worker's last heartbeat.
+    """
+
+    worker_claim: str
+    attempt: int
+    max_attempts: int
+    started_at: datetime
+    last_heartbeat: datetime
+
+
+@dataclass(frozen=True)
+class ReclaimDecision:
+    """Outcome of :func:`decide_reclaim` for a job that must leave `running`.
+
+    Attributes:
+        action: ``RETRY`` puts the job back in the queue at once, attempt + 1; ``FAIL`` ends it.
+        kind: ``WORKER_CRASH`` for a retry, ``STUCK`` for a failure (spec §8).
+        message: the job's ``error_message``.
+    """
+
+    action: RetryAction
+    kind: ErrorKind
+    message: str
+
+
+def decide_reclaim(
+    job: ReclaimCandidate, now: datetime, stale_after: float, stuck_after: float
+) -> ReclaimDecision | None:
+    """Decide what happens to a running job (spec §5/§8 stuck-job rules).
+
+    An attempt that started ``stuck_after`` seconds or more ago fails as ``stuck`` whatever its
+    heartbeat says: a call that never ends (a provider dripping bytes) must not hold a slot for
+    ever while its worker keeps heartbeating. Otherwise a job whose heartbeat is older than
+    ``stale_after`` lost its worker: it is requeued at once as ``worker_crash`` while attempts
+    remain (the lost attempt counts), else it fails as ``stuck``.
+
+    Args:
+        job: the running job as read.
+        now: the instant the rules compare against (timezone-aware).
+        stale_after: seconds without a heartbeat after which the worker counts as lost.
+        stuck_after: seconds an attempt may run at most.
+
+    Returns:
+        The decision, or None when the job is neither stale nor stuck (it keeps running).
+
+    Raises:
+        ValueError: ``now`` is naive, or the attempt numbers are below 1.
+    """
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError("now must be timezone-aware")
+    if job.attempt < 1 or job.max_attempts < 1:
+        raise ValueError(f"attempt and max_attempts must be >= 1, got {job.attempt}, "
+                         f"{job.max_attempts}")
+    running_for = (now - job.started_at).total_seconds()
+    silent_for = (now - job.last_heartbeat).total_seconds()
+    of = f"{job.attempt} of {job.max_attempts}"
+    if running_for >= stuck_after:
+        heartbeat = (f"stopped heartbeating at {job.last_heartbeat.isoformat()}"
+                     if silent_for > stale_after else "still heartbeating")
+        return ReclaimDecision(
+            RetryAction.FAIL, ErrorKind.STUCK,
+            f"stuck: attempt {of} started at {job.started_at.isoformat()}, longer ago than the "
+            f"stuck limit ({stuck_after:g}s); worker {job.worker_claim} {heartbeat}")
+    if silent_for <= stale_after:
+        return None
+    if _budget_spent(job.attempt, job.max_attempts):
+        return ReclaimDecision(
+            RetryAction.FAIL, ErrorKind.STUCK,
+            f"stuck: worker {job.worker_claim} stopped heartbeating at "
+            f"{job.last_heartbeat.isoformat()} on the last attempt ({of})")
+    return ReclaimDecision(
+        RetryAction.RETRY, ErrorKind.WORKER_CRASH,
+        f"worker {job.worker_claim} lost the job: no heartbeat since "
+        f"{job.last_heartbeat.isoformat()}; attempt {of} requeued")

@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-__all__ = ["Settings", "SettingsError"]
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+__all__ = ["KEY_TTL_SECONDS", "Settings", "SettingsError"]
+
+KEY_TTL_SECONDS = 24 * 3600
+"""How long an Idempotency-Key stays bound to its request; an older key is treated as absent.
+
+NOTE: here, not in the engine, because retention settings are checked against it.
+"""
 
 
 class SettingsError(ValueError):
@@ -23,6 +32,23 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
         raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
     if not value > minimum:
         raise SettingsError(f"{name} must be greater than {minimum}, got {raw!r}")
+    return value
+
+
+def _seconds_or_off(env: Mapping[str, str], name: str, default: float, *,
+                    at_least: float = 0.0) -> float:
+    """A duration in seconds where 0 turns the feature off; otherwise at least `at_least`."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number of seconds (0: off), got {raw!r}") from None
+    if not math.isfinite(value) or value < 0 or 0 < value < at_least:
+        raise SettingsError(f"{name} must be 0 (off) or at least {at_least:g} seconds, got {raw!r}"
+                            if at_least else f"{name} must be 0 (off) or a positive number of "
+                            f"seconds, got {raw!r}")
     return value
 
 
@@ -90,6 +116,11 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     org_max_running: int = 0
     metrics_port: int = 0
+    statement_timeout: float = 30.0
+    lock_timeout: float = 10.0
+    retention_interval: float = 3600.0
+    archive_after: float = 30 * 86400.0
+    idempotency_key_retention: float = 86400.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -126,4 +157,30 @@ class Settings:
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             metrics_port=_port(env, "SA_METRICS_PORT"),
+            statement_timeout=_seconds_or_off(env, "SA_STATEMENT_TIMEOUT", 30.0),
+            lock_timeout=_seconds_or_off(env, "SA_LOCK_TIMEOUT", 10.0),
+            retention_interval=_float(env, "SA_RETENTION_INTERVAL", 3600.0),
+            archive_after=_seconds_or_off(env, "SA_ARCHIVE_AFTER", 30 * 86400.0),
+            # NOTE: a key younger than its TTL still answers repeats; pruning it would break that.
+            idempotency_key_retention=_seconds_or_off(
+                env, "SA_IDEMPOTENCY_KEY_RETENTION", float(KEY_TTL_SECONDS),
+                at_least=float(KEY_TTL_SECONDS)),
         )
+
+    @property
+    def worker_database_url(self) -> str:
+        """`DATABASE_URL` with the worker's statement and lock timeouts as libpq `options`.
+
+        NOTE: startup options cost no round trip and bind every statement of the session; behind
+        PgBouncer in transaction mode (which refuses unknown startup parameters) set both to 0
+        and put the timeouts on the worker's role instead (ops/README.md, PgBouncer).
+        """
+        extra = [f"-c {name}={round(seconds * 1000)}"
+                 for name, seconds in (("statement_timeout", self.statement_timeout),
+                                       ("lock_timeout", self.lock_timeout)) if seconds > 0]
+        if not extra:
+            return self.database_url
+        own = conninfo_to_dict(self.database_url).get("options")
+        if own:
+            extra.insert(0, str(own))
+        return make_conninfo(self.database_url, options=" ".join(extra))

@@ -1,23 +1,36 @@
-"""Claim: move up to N queued jobs to running for one worker, in one statement."""
+"""Claim: move up to N queued jobs to running for one worker, in one statement.
+
+A claimed job whose execution_options cannot be decoded (operator SQL, an older release) fails
+at once as `invalid_options`; the worker gets the others and goes on.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import structlog
+from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection
+from jobqueue.core.policy import ErrorKind
 from jobqueue.core.queries import job as q
 
-__all__ = ["DEFAULT_DEPTH", "ClaimedJob", "claim"]
+__all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "ClaimedJob", "Undecodable", "claim", "options_error"]
+
+log = structlog.get_logger(__name__)
 
 # NOTE: DESIGN.md's default for the `depth` option: ancestors sent along with a prompt.
 DEFAULT_DEPTH = 10
+
+MAX_DEPTH = 50
+"""Most ancestors a job may ask for; POST /prompt refuses more (service/validation.py)."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +52,40 @@ class ClaimedJob:
     claim: str
     claimed_monotonic: float
     context: list[dict[str, str]]
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """A jsonb value Python cannot load (say a number of 5,000 digits), kept instead of raising."""
+
+    error: str
+
+
+def _lenient_loads(data: str | bytes) -> Any:
+    # NOTE: a loader that raised would fail the fetch of the whole claim, for every worker.
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        return Undecodable(str(exc))
+
+
+def options_error(options: object) -> str | None:
+    """Returns why the worker cannot run a job with these execution_options, or None.
+
+    Decodes what the worker reads (`depth`, `model`) as strictly as POST /prompt validates it;
+    the claim statement reads a depth it accepts the same way, and no ancestor otherwise.
+    """
+    if isinstance(options, Undecodable):
+        return f"execution_options cannot be decoded: {options.error:.200}"
+    if not isinstance(options, dict):
+        return f"execution_options must be an object, got {type(options).__name__}"
+    if "depth" in options:
+        depth = options["depth"]
+        if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH:
+            return f"execution_options.depth must be an integer within 0..{MAX_DEPTH}, got {depth!r:.80}"
+    if "model" in options and not isinstance(options["model"], str):
+        return f"execution_options.model must be a string, got {options['model']!r:.80}"
+    return None
 
 
 def claim(
@@ -65,13 +112,17 @@ def claim(
         return []
     params = {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling,
               "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH}
-    with pool.connection() as conn:
+    with pool.connection() as conn, conn.cursor() as cur:
+        set_json_loads(_lenient_loads, cur)
         if org_max_running > 0:
             with conn.transaction():
-                conn.execute(q.JOB_CLAIM_LOCK_ORG_CAPPED)
-                rows = conn.execute(q.JOB_CLAIM_MANY_ORG_CAPPED, params).fetchall()
+                cur.execute(q.JOB_CLAIM_LOCK_ORG_CAPPED)
+                rows = cur.execute(q.JOB_CLAIM_MANY_ORG_CAPPED, params).fetchall()
         else:
-            rows = conn.execute(q.JOB_CLAIM_MANY, params).fetchall()
+            rows = cur.execute(q.JOB_CLAIM_MANY, params).fetchall()
+        if rows:
+            metrics.TRANSITIONS.labels(from_state="queued", to_state="running").inc(len(rows))
+        rows = _reject_undecodable(conn, worker_claim, rows)
     now = time.monotonic()
     jobs = [
         ClaimedJob(
@@ -84,8 +135,28 @@ def claim(
         )
         for r in rows
     ]
-    if jobs:
-        metrics.TRANSITIONS.labels(from_state="queued", to_state="running").inc(len(jobs))
     for job in jobs:
         metrics.WAIT_SECONDS.observe(max(0.0, (job.claimed_at - job.scheduled_for).total_seconds()))
     return jobs
+
+
+def _reject_undecodable(
+    conn: DictConnection, worker_claim: str, rows: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Fails the claimed rows whose options cannot be decoded; returns the others."""
+    errors = {r["id"]: error for r in rows if (error := options_error(r["execution_options"]))}
+    if not errors:
+        return rows
+    bad = [r for r in rows if r["id"] in errors]
+    failed = {out["id"] for out in conn.execute(q.JOB_REJECT_MANY_IF_CLAIMED, {
+        "job_ids": [r["id"] for r in bad], "attempts": [r["attempt"] for r in bad],
+        "error_kinds": [ErrorKind.INVALID_OPTIONS.value] * len(bad),
+        "error_messages": [errors[r["id"]] for r in bad], "claim": worker_claim,
+    }).fetchall()}
+    for r in bad:
+        if r["id"] in failed:
+            metrics.TRANSITIONS.labels(from_state="running", to_state="failed").inc()
+            metrics.FAILURES.labels(error_kind=ErrorKind.INVALID_OPTIONS.value).inc()
+            log.warning("job.options_invalid", job_id=str(r["id"]), org_id=r["org_id"],
+                        attempt=r["attempt"], error=errors[r["id"]])
+    return [r for r in rows if r["id"] not in errors]

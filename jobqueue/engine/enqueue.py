@@ -17,8 +17,9 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.core.queries import entity as q
 from jobqueue.core.queries import idempotency as idempotency_q
+from jobqueue.core.settings import KEY_TTL_SECONDS
 from jobqueue.core.tokens import BearerToken, Caller, InvalidToken, authenticate
-from jobqueue.engine.idempotency import KEY_TTL_SECONDS, request_fingerprint
+from jobqueue.engine.idempotency import request_fingerprint
 
 __all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "enqueue"]
 

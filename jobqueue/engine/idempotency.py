@@ -15,13 +15,12 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import DictConnection, borrow
 from jobqueue.core.queries import idempotency as q
+from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
+from jobqueue.core.settings import KEY_TTL_SECONDS
 
-__all__ = ["KEY_TTL_SECONDS", "MAX_KEY_LENGTH", "prune_expired_keys", "request_fingerprint"]
-
-KEY_TTL_SECONDS = 24 * 3600
-"""How long a key stays bound to its request; an older key is treated as absent."""
+__all__ = ["MAX_KEY_LENGTH", "prune_expired_keys", "request_fingerprint"]
 
 MAX_KEY_LENGTH = 255
 """Longest accepted key (the `sa_idempotency_key_length` constraint says the same)."""
@@ -57,16 +56,30 @@ def request_fingerprint(
     return hashlib.sha256(canonical.encode("ascii")).digest()
 
 
-def prune_expired_keys(pool: ConnectionPool[DictConnection], page: int = PRUNE_PAGE) -> int:
-    """Deletes keys older than `KEY_TTL_SECONDS`, a page at a time; returns how many.
+def prune_expired_keys(
+    db: ConnectionPool[DictConnection] | DictConnection,
+    older_than: float = KEY_TTL_SECONDS,
+    page: int = PRUNE_PAGE,
+    statement_timeout: float = 30.0,
+) -> int:
+    """Deletes keys older than `older_than` seconds, a page at a time; returns how many.
 
-    Expired keys are already ignored by the enqueue; pruning only keeps the table small.
+    Expired keys are already ignored by the enqueue; pruning only keeps the table small. Works on
+    a pool (the CLI) or on one connection (the maintenance leader's own).
+
+    Raises:
+        ValueError: `older_than` is shorter than `KEY_TTL_SECONDS` (it would delete live keys).
     """
+    if older_than < KEY_TTL_SECONDS:
+        raise ValueError(f"older_than must be at least {KEY_TTL_SECONDS} s, got {older_than!r}")
+    timeout = {"timeout_ms": str(max(1, round(statement_timeout * 1000)))}
     deleted = 0
-    while True:
-        with pool.connection() as conn:
-            cur = conn.execute(q.IDEMPOTENCY_KEY_DELETE_EXPIRED_MANY,
-                               {"ttl": KEY_TTL_SECONDS, "limit": page})
-        deleted += cur.rowcount
-        if cur.rowcount < page:
-            return deleted
+    with borrow(db) as conn:
+        while True:
+            with conn.transaction():
+                conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
+                cur = conn.execute(q.IDEMPOTENCY_KEY_DELETE_EXPIRED_MANY,
+                                   {"ttl": older_than, "limit": page})
+            deleted += cur.rowcount
+            if cur.rowcount < page:
+                return deleted

@@ -1,16 +1,23 @@
-"""Reclaim: running jobs whose worker stopped heartbeating go back to the queue, or fail as stuck."""
+"""Reclaim: running jobs whose worker stopped heartbeating, or whose attempt ran too long, leave `running`.
+
+Read a page of candidates, let the pure policy decide (`decide_reclaim`), apply the page with one
+guarded statement; SQL applies decisions, it does not make them.
+"""
 
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection, borrow
+from jobqueue.core.policy import ReclaimCandidate, ReclaimDecision, RetryAction, decide_reclaim
 from jobqueue.core.queries import maintenance as q
 from jobqueue.core.settings import Settings
 
@@ -36,7 +43,7 @@ class ReclaimCounts:
 
 
 class Reclaimer:
-    """Applies spec §5/§8's stuck-job rule set-based, one page of `batch_size` jobs at a time.
+    """Applies spec §5/§8's stuck-job rules (policy.decide_reclaim) a page of `batch_size` jobs at a time.
 
     Works on a pool (CLI, tests) or on one connection (the maintenance leader's own).
     """
@@ -77,10 +84,10 @@ class Reclaimer:
         self.config = config
 
     def run_once(self, now: datetime | None = None) -> ReclaimCounts:
-        """Reclaims every stale running job, page by page, until a short page.
+        """Reclaims every stale or stuck running job, page by page, until a short page.
 
         Args:
-            now: the instant the rule compares against; None for the database's now().
+            now: the instant the rules compare against; None for the database's now().
                 Tests pass a later instant instead of waiting.
 
         Returns:
@@ -90,34 +97,62 @@ class Reclaimer:
             psycopg.Error: a statement failed or timed out; pages already done stay done.
         """
         cfg = self.config
-        params = {
-            "now": now,
-            "stale_after": cfg.stale_after,
-            "stuck_after": cfg.stuck_after,
-            "limit": cfg.batch_size,
-        }
+        rules = {"stale_after": cfg.stale_after, "stuck_after": cfg.stuck_after}
         timeout = {"timeout_ms": str(max(1, round(cfg.statement_timeout * 1000)))}
+        cursor: dict[str, Any] = {"after_heartbeat": None, "after_id": None}
         counts = ReclaimCounts()
         with borrow(self._db) as conn:
             while True:
                 with conn.transaction():
                     conn.execute(q.MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
-                    rows = conn.execute(q.JOB_RECLAIM_MANY_IF_STALE, params).fetchall()
-                for row in rows:
-                    metrics.TRANSITIONS.labels(from_state="running", to_state=row["state"]).inc()
-                    metrics.FAILURES.labels(
-                        error_kind="worker_crash" if row["state"] == "queued" else "stuck").inc()
-                    log.warning(
-                        "job.reclaimed", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),
-                        org_id=row["org_id"], from_state="running", to_state=row["state"],
-                        attempt=row["attempt"],
-                        max_attempts=row["max_attempts"], lost_claim=row["lost_claim"],
-                        last_heartbeat=row["last_heartbeat"].isoformat(),
-                    )
-                requeued = sum(1 for r in rows if r["state"] == "queued")
-                counts += ReclaimCounts(requeued=requeued, failed=len(rows) - requeued)
+                    rows = conn.execute(q.JOB_LIST_RECLAIMABLE_PAGE, {
+                        "now": now, "limit": cfg.batch_size, **rules, **cursor}).fetchall()
+                    counts += self._apply(conn, rows)
                 if len(rows) < cfg.batch_size:
                     break
+                cursor = {"after_heartbeat": rows[-1]["last_heartbeat"],
+                          "after_id": rows[-1]["id"]}
         if counts.total:
             log.info("reclaim.finished", requeued=counts.requeued, failed=counts.failed)
         return counts
+
+    def _apply(self, conn: DictConnection, rows: list[dict[str, Any]]) -> ReclaimCounts:
+        """Decides each candidate of a page and writes the decisions in one guarded statement."""
+        decided: dict[uuid.UUID, tuple[dict[str, Any], ReclaimDecision]] = {}
+        for row in rows:
+            candidate = ReclaimCandidate(
+                worker_claim=row["worker_claim"], attempt=row["attempt"],
+                max_attempts=row["max_attempts"], started_at=row["started_at"],
+                last_heartbeat=row["last_heartbeat"])
+            decision = decide_reclaim(candidate, row["as_of"], self.config.stale_after,
+                                      self.config.stuck_after)
+            if decision is not None:
+                decided[row["id"]] = (row, decision)
+        if not decided:
+            return ReclaimCounts()
+        batch = list(decided.values())
+        written = conn.execute(q.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE, {
+            "job_ids": list(decided),
+            "claims": [r["worker_claim"] for r, _ in batch],
+            "attempts": [r["attempt"] for r, _ in batch],
+            "to_states": ["queued" if d.action is RetryAction.RETRY else "failed" for _, d in batch],
+            "error_kinds": [d.kind.value for _, d in batch],
+            "error_messages": [d.message for _, d in batch],
+            "as_of": rows[0]["as_of"],
+            "stale_after": self.config.stale_after,
+            "stuck_after": self.config.stuck_after,
+        }).fetchall()
+        for out in written:
+            read, decision = decided[out["id"]]
+            metrics.TRANSITIONS.labels(from_state="running", to_state=out["state"]).inc()
+            metrics.FAILURES.labels(error_kind=decision.kind.value).inc()
+            log.warning(
+                "job.reclaimed", job_id=str(out["id"]), prompt_id=str(out["prompt_id"]),
+                org_id=out["org_id"], from_state="running", to_state=out["state"],
+                attempt=out["attempt"], max_attempts=read["max_attempts"],
+                error_kind=decision.kind.value, lost_claim=read["worker_claim"],
+                started_at=read["started_at"].isoformat(),
+                last_heartbeat=read["last_heartbeat"].isoformat(),
+            )
+        requeued = sum(1 for out in written if out["state"] == "queued")
+        return ReclaimCounts(requeued=requeued, failed=len(written) - requeued)

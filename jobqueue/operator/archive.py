@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,7 +23,7 @@ from jobqueue.core.db import DictConnection, borrow
 from jobqueue.core.queries import archive as q
 from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 
-__all__ = ["ArchiveCounts", "Archiver"]
+__all__ = ["ArchiveCounts", "ArchiveCursor", "Archiver"]
 
 log = structlog.get_logger(__name__)
 
@@ -31,21 +31,28 @@ log = structlog.get_logger(__name__)
 _FIRST_INSTANT = datetime.min.replace(tzinfo=UTC)
 _FIRST_ID = uuid.UUID(int=0)
 
+ArchiveCursor = tuple[datetime, uuid.UUID]
+"""Where a bounded archive run stopped: the (created_at, id) of the last job it scanned."""
+
 
 @dataclass(frozen=True)
 class ArchiveCounts:
-    """What one archive run moved (or, in a dry run, would move)."""
+    """What one archive run moved (or, in a dry run, would move).
+
+    `resume_after` is set when the run stopped at its batch bound: the next run starts there.
+    """
 
     jobs: int = 0
     events: int = 0
     ledger: int = 0
     prompts: int = 0
     batches: int = 0
+    resume_after: ArchiveCursor | None = None
 
     def __add__(self, other: ArchiveCounts) -> ArchiveCounts:
         return ArchiveCounts(self.jobs + other.jobs, self.events + other.events,
                              self.ledger + other.ledger, self.prompts + other.prompts,
-                             self.batches + other.batches)
+                             self.batches + other.batches, other.resume_after)
 
 
 class Archiver:
@@ -86,12 +93,18 @@ class Archiver:
         self.config = config or Archiver.Config()
         self.on_batch = on_batch
 
-    def run_once(self, before: datetime, *, dry_run: bool = False) -> ArchiveCounts:
+    def run_once(
+        self, before: datetime, *, dry_run: bool = False, max_batches: int | None = None,
+        start_after: ArchiveCursor | None = None,
+    ) -> ArchiveCounts:
         """Archives every finished prompt family last changed before `before`, batch by batch.
 
         Args:
             before: the cutoff; jobs created or changed at or after it stay.
             dry_run: count what would move, then roll each batch back; nothing changes.
+            max_batches: stop after this many batches (the maintenance leader's bound, so a
+                large backlog never delays its reclaim for long); None for no bound.
+            start_after: resume a bounded run where it stopped (its `resume_after`).
 
         Returns:
             The rows moved (or that would move) and the batches run.
@@ -102,7 +115,8 @@ class Archiver:
         """
         cfg = self.config
         timeout = {"timeout_ms": str(max(1, round(cfg.statement_timeout * 1000)))}
-        cursor: dict[str, Any] = {"after_created_at": _FIRST_INSTANT, "after_id": _FIRST_ID}
+        after = start_after or (_FIRST_INSTANT, _FIRST_ID)
+        cursor: dict[str, Any] = {"after_created_at": after[0], "after_id": after[1]}
         total = ArchiveCounts()
         with borrow(self._db) as conn:
             while True:
@@ -121,6 +135,10 @@ class Archiver:
                     break
                 cursor = {"after_created_at": picked["last_created_at"],
                           "after_id": picked["last_id"]}
+                if total.batches == max_batches:
+                    total = replace(total, resume_after=(cursor["after_created_at"],
+                                                         cursor["after_id"]))
+                    break
         if total.jobs:
             log.info("archive.finished", before=before.isoformat(), dry_run=dry_run,
                      jobs=total.jobs, events=total.events, ledger=total.ledger,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import signal
 import sys
 import uuid
@@ -31,11 +32,21 @@ from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.provider import Provider
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
 
-__all__ = ["main"]
+__all__ = ["main", "redact"]
 
 
 class UsageError(Exception):
     """The command cannot run as asked; printed without a traceback, exit code 2."""
+
+
+# NOTE: the password part of any scheme://user:password@ in a message; a URL from the
+# environment (a proxy, the provider) may carry one, and messages reach terminals and logs.
+_URL_PASSWORD = re.compile(r"""(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^\s'"]*@""")
+
+
+def redact(message: str) -> str:
+    """Returns `message` with every URL's password replaced by `***`."""
+    return _URL_PASSWORD.sub(r"\g<head>***@", message)
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -50,8 +61,13 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
         raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
     # NOTE: job threads never hold a connection: the claim loop, the heartbeat and the completer
     # each borrow one for a statement, whatever the concurrency.
-    pool = open_pool(settings.database_url, name="worker", max_size=4)
-    provider = Provider(settings.provider_url, settings.provider_api_key, settings.provider_timeout)
+    try:
+        provider = Provider(settings.provider_url, settings.provider_api_key,
+                            settings.provider_timeout)
+    except ValueError as exc:
+        # NOTE: a bad SA_PROVIDER_URL or HTTP(S)_PROXY; the message may quote the URL.
+        raise UsageError(f"SA_PROVIDER_URL or proxy setting: {exc}") from None
+    pool = open_pool(settings.worker_database_url, name="worker", max_size=4)
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     completer = Completer(pool)
@@ -208,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except (SettingsError, UsageError) as exc:
-        print(f"sa-core: {exc}", file=sys.stderr)
+        print(f"sa-core: {redact(str(exc))}", file=sys.stderr)
         return 2
     return code
 

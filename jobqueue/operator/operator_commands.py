@@ -132,8 +132,21 @@ def _rate(value: float | None) -> str:
     return "-" if value is None else f"{value * 100:.1f}%"
 
 
+# NOTE: tenants' text reaches an operator's terminal here: C0/C1 controls (escape sequences,
+# carriage returns) and bidirectional overrides are shown as escapes, never sent raw. Content
+# keeps its line breaks and tabs; a table cell or field keeps nothing that moves the cursor.
+_INVISIBLE = "\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+_UNSAFE_IN_CELL = re.compile(f"[\x00-\x1f{_INVISIBLE}]")
+_UNSAFE_IN_CONTENT = re.compile(f"[\x00-\x08\x0b-\x1f{_INVISIBLE}]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
 def _text(value: Any) -> str:
-    return "-" if value is None else str(value)
+    return "-" if value is None else _UNSAFE_IN_CELL.sub(_escaped, str(value))
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[Any]], indent: str = "  ") -> str:
@@ -158,7 +171,8 @@ def _render_list(rows: list[dict[str, Any]], limit: int) -> str:
 
 
 def _indented(text: str) -> str:
-    return "\n".join("  " + line for line in text.splitlines()) or "  (empty)"
+    safe = _UNSAFE_IN_CONTENT.sub(_escaped, text.replace("\r\n", "\n"))
+    return "\n".join("  " + line for line in safe.split("\n")) if text else "  (empty)"
 
 
 def _event_error(event: dict[str, Any]) -> str | None:

@@ -1,14 +1,16 @@
-"""The maintenance leader: one runner, elected by a session advisory lock, reclaims stuck jobs.
+"""The maintenance leader: one runner, elected by a session advisory lock, runs reclaim and retention.
 
 Every long-running worker starts a `MaintenanceLeader`. Each one competes for a fixed
 advisory lock on its own dedicated connection (a session lock belongs to one backend, so a
 pooled connection would not do); the one holding it runs `Reclaimer.run_once()` on that
-connection every `reclaim_interval`, jittered. When the holder dies or its connection breaks,
+connection every `reclaim_interval`, jittered, and `Retention.run_once()` every
+`retention_interval` (and at once when it becomes leader). When the holder dies or its connection breaks,
 Postgres releases the lock and another worker takes the role at its next attempt. No system
 cron is needed, and however many workers run, one acts at a time.
 
-NOTE: if the holder's connection is cut without Postgres noticing at once (a network
-partition), two runners may overlap for a while. That is safe: the reclaim statement locks the
+NOTE: the session sets server-side TCP keepalives (and libpq sets client-side ones), so a leader
+whose host vanishes from the network loses the lock within about a minute. Until then (a network
+partition), two runners may overlap. That is safe: the reclaim statement locks the
 rows it changes (SKIP LOCKED) and re-checks `state = 'running'`, so it is idempotent.
 """
 
@@ -17,6 +19,7 @@ from __future__ import annotations
 import math
 import random
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
@@ -29,6 +32,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import maintenance as q
 from jobqueue.core.settings import Settings
 from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
+from jobqueue.runtime.retention import Retention, RetentionCounts
 
 __all__ = ["MaintenanceLeader"]
 
@@ -42,8 +46,9 @@ class MaintenanceLeader:
 
     Hooks for tests and operators: `became_leader` is set while this runner holds the role,
     `terms` counts how often it took it, `lock_attempts` how often it tried, `rounds` counts
-    reclaim rounds run, `errors` failed steps, and `on_round` (if given) is called in the
-    leader's thread with each round's counts.
+    reclaim rounds run, `retention_rounds` retention rounds, `errors` failed steps,
+    `keepalives` holds the server's TCP keepalive settings of the current session, and
+    `on_round` (if given) is called in the leader's thread with each round's counts.
     """
 
     @dataclass(frozen=True)
@@ -55,6 +60,13 @@ class MaintenanceLeader:
             lock_retry_interval: pause between attempts to take the role while not leader.
             reconnect_delay: pause after the connection failed, before connecting again.
             connect_timeout: bound on opening the dedicated connection.
+            retention_interval: pause between retention rounds (`SA_RETENTION_INTERVAL`).
+            keepalive_idle: seconds of silence before the first TCP keepalive probe, both ends.
+            keepalive_interval: seconds between unanswered probes.
+            keepalive_count: unanswered probes before the connection counts as dead; with
+                the two above, a vanished peer is noticed after idle + interval * count
+                seconds (50 by default), which also bounds unacknowledged writes
+                (tcp_user_timeout).
             jitter: each pause varies by up to this fraction either way (0 <= jitter < 1).
         """
 
@@ -62,11 +74,16 @@ class MaintenanceLeader:
         lock_retry_interval: float = 60.0
         reconnect_delay: float = 5.0
         connect_timeout: float = 10.0
+        retention_interval: float = 3600.0
+        keepalive_idle: int = 20
+        keepalive_interval: int = 10
+        keepalive_count: int = 3
         jitter: float = 0.1
 
         def __post_init__(self) -> None:
             for name in ("reclaim_interval", "lock_retry_interval", "reconnect_delay",
-                         "connect_timeout"):
+                         "connect_timeout", "retention_interval", "keepalive_idle",
+                         "keepalive_interval", "keepalive_count"):
                 value = getattr(self, name)
                 if not (math.isfinite(value) and value > 0):
                     raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
@@ -79,6 +96,7 @@ class MaintenanceLeader:
         reclaim: Reclaimer.Config,
         config: MaintenanceLeader.Config,
         *,
+        retention: Retention.Config | None = None,
         on_round: Callable[[ReclaimCounts], None] | None = None,
         rng: random.Random | None = None,
     ) -> None:
@@ -88,19 +106,26 @@ class MaintenanceLeader:
             conninfo: libpq URI of a direct connection (not PgBouncer in transaction mode).
             reclaim: what a reclaim round does.
             config: how often it competes and runs.
+            retention: what a retention round does; None (or both ages 0) for none.
             on_round: called in the leader's thread after every reclaim round.
             rng: source of jitter.
         """
         self.conninfo = conninfo
         self.reclaim = reclaim
         self.config = config
+        self.retention = (Retention(retention) if retention is not None and retention.enabled
+                          else None)
         self.on_round = on_round
         self.became_leader = threading.Event()
         self.terms = 0
         self.lock_attempts = 0
         self.rounds = 0
+        self.retention_rounds = 0
         self.errors = 0
         self.last_counts: ReclaimCounts | None = None
+        self.last_retention: RetentionCounts | None = None
+        self.keepalives: dict[str, str] = {}
+        self._retention_due = 0.0
         self._rng = rng or random.Random()
         self._stopping = threading.Event()
         self._conn: DictConnection | None = None
@@ -114,9 +139,10 @@ class MaintenanceLeader:
     ) -> MaintenanceLeader:
         """Returns a leader on `SA_DIRECT_DATABASE_URL` with the durations of `settings`."""
         config = cls.Config(reclaim_interval=settings.reclaim_interval,
-                            lock_retry_interval=settings.reclaim_interval)
+                            lock_retry_interval=settings.reclaim_interval,
+                            retention_interval=settings.retention_interval)
         return cls(settings.direct_database_url, Reclaimer.Config.from_settings(settings), config,
-                   on_round=on_round)
+                   retention=Retention.Config.from_settings(settings), on_round=on_round)
 
     @property
     def is_leader(self) -> bool:
@@ -173,7 +199,7 @@ class MaintenanceLeader:
         return seconds * (1.0 + self._rng.uniform(-spread, spread))
 
     def _step(self) -> float:
-        """One pass: connect if needed, compete if not leader, reclaim if leader.
+        """One pass: connect if needed, compete if not leader, reclaim (and retention) if leader.
 
         Returns:
             Seconds to pause before the next pass.
@@ -188,6 +214,7 @@ class MaintenanceLeader:
             self.rounds += 1
             if self.on_round is not None:
                 self.on_round(counts)
+            self._run_retention_if_due(conn)
             return cfg.reclaim_interval
         except psycopg.Error as exc:
             self.errors += 1
@@ -203,16 +230,43 @@ class MaintenanceLeader:
             self.log.exception("maintenance.round_failed")
         return cfg.reclaim_interval if self._leader else cfg.lock_retry_interval
 
+    def _run_retention_if_due(self, conn: DictConnection) -> None:
+        if self.retention is None or time.monotonic() < self._retention_due:
+            return
+        # NOTE: due again before it runs, so a failing round waits its interval like a good one.
+        self._retention_due = time.monotonic() + self._jittered(self.config.retention_interval)
+        counts = self.retention.run_once(conn)
+        if counts.more:
+            self._retention_due = 0.0
+        self.last_retention = counts
+        self.retention_rounds += 1
+
     def _connection(self) -> DictConnection:
         if self._conn is None or self._conn.closed:
-            # NOTE: keepalives let a half-open connection fail within about a minute, so a
-            # partitioned leader notices; the server side drops the lock on its own timers.
-            self._conn = psycopg.connect(
+            cfg = self.config
+            dead_after = cfg.keepalive_idle + cfg.keepalive_interval * cfg.keepalive_count
+            # NOTE: client-side keepalives let a half-open connection fail within about a
+            # minute, so a partitioned leader notices; the server-side ones set below let
+            # Postgres end the backend (and release the lock) on the same timers.
+            conn = psycopg.connect(
                 self.conninfo, autocommit=True, row_factory=dict_row,
-                connect_timeout=max(2, math.ceil(self.config.connect_timeout)),
+                connect_timeout=max(2, math.ceil(cfg.connect_timeout)),
                 application_name=APPLICATION_NAME,
-                keepalives=1, keepalives_idle=30, keepalives_interval=10, keepalives_count=3,
+                keepalives=1, keepalives_idle=cfg.keepalive_idle,
+                keepalives_interval=cfg.keepalive_interval,
+                keepalives_count=cfg.keepalive_count, tcp_user_timeout=dead_after * 1000,
             )
+            try:
+                row = conn.execute(q.MAINTENANCE_SET_KEEPALIVES, {
+                    "idle": str(cfg.keepalive_idle), "interval": str(cfg.keepalive_interval),
+                    "count": str(cfg.keepalive_count), "user_timeout_ms": str(dead_after * 1000),
+                }).fetchone()
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+            self.keepalives = dict(row or {})
+            self.log.info("maintenance.connected", **self.keepalives)
         return self._conn
 
     def _try_lock(self, conn: DictConnection) -> bool:

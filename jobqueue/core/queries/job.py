@@ -11,6 +11,7 @@ __all__ = [
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_FOR_PROMPT",
+    "JOB_REJECT_MANY_IF_CLAIMED",
     "JOB_RELEASE_MANY_IF_CLAIMED",
     "JOB_REQUEUE_MANY_IF_CLAIMED",
     "JOB_RETRY_IF_FINISHED",
@@ -27,6 +28,9 @@ error_message, supersedes, org_id, created_by, scheduled_for, created_at, update
 # NOTE: shared by both claim statements: what a claim writes and hands back. Each job comes
 # with its context (the prompt and up to `depth` ancestors, oldest first, by sa_entity_pkey
 # probes) so running it needs no further read: PERF, one round trip fewer per job.
+# NOTE: the depth is read with no cast that can fail (one undecodable row would fail the whole
+# claim, for every worker): a depth that is not 0..99 reads no ancestor, and claim.py then fails
+# that job as invalid_options.
 _CLAIM_SET = """
 , claimed AS (
     UPDATE sa_job j
@@ -50,8 +54,13 @@ SELECT claimed.*, (
           FROM sa_entity e
           JOIN chain ON e.id = chain.parent_id
          WHERE e.org_id = claimed.org_id
-           AND chain.depth < coalesce((claimed.execution_options ->> 'depth')::int,
-                                      %(default_depth)s)
+           AND chain.depth < CASE
+               WHEN NOT claimed.execution_options ? 'depth' THEN %(default_depth)s
+               WHEN jsonb_typeof(claimed.execution_options -> 'depth') = 'number'
+                    AND claimed.execution_options ->> 'depth' ~ '^[0-9]{1,2}$'
+               THEN (claimed.execution_options ->> 'depth')::int
+               ELSE 0
+           END
     )
     SELECT jsonb_agg(jsonb_build_object('kind', kind, 'content', content) ORDER BY depth DESC)
       FROM chain
@@ -204,6 +213,21 @@ JOB_FAIL_MANY_IF_CLAIMED = _finish_many_if_claimed(
            error_kind = done.error_kind, error_message = done.error_message""",
     "", "done.error_kind",
 )
+
+# served by sa_job_pkey (id). Fails claimed jobs the worker cannot run at all (claim.py's
+# decode refused their execution_options): no provider call was made, so no ledger row.
+JOB_REJECT_MANY_IF_CLAIMED = """
+UPDATE sa_job j
+   SET state = 'failed', finished_at = now(),
+       error_kind = d.error_kind, error_message = d.error_message
+  FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(error_kinds)s::text[],
+              %(error_messages)s::text[]) AS d(job_id, attempt, error_kind, error_message)
+ WHERE j.id = d.job_id
+   AND j.state = 'running'
+   AND j.worker_claim = %(claim)s
+   AND j.attempt = d.attempt
+RETURNING j.id
+"""
 
 # served by sa_job_pkey (id). Only the jobs the worker is still running are refreshed, so
 # a job whose thread died loses its heartbeat and is reclaimed. Rows not returned are no

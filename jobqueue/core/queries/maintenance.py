@@ -1,7 +1,9 @@
 """Statements of the maintenance role: the leader's advisory lock and the stuck-job reclaim."""
 
 __all__ = [
-    "JOB_RECLAIM_MANY_IF_STALE",
+    "JOB_LIST_RECLAIMABLE_PAGE",
+    "JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE",
+    "MAINTENANCE_SET_KEEPALIVES",
     "MAINTENANCE_SET_STATEMENT_TIMEOUT",
     "MAINTENANCE_TRY_LOCK",
     "MAINTENANCE_UNLOCK",
@@ -13,59 +15,73 @@ __all__ = [
 MAINTENANCE_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtext('sa-core maintenance')) AS locked"
 MAINTENANCE_UNLOCK = "SELECT pg_advisory_unlock(hashtext('sa-core maintenance')) AS unlocked"
 
+# NOTE: the leader's session-level server-side TCP keepalives, so Postgres notices a vanished
+# leader host (and drops its advisory lock) within about a minute instead of the kernel's default
+# two hours. set_config(..., false) is SET for the session; each answer is the value the server
+# then shows, which for these settings is read back from the socket (0 on a Unix socket, where
+# they do not apply). Values as text: seconds, a count, and milliseconds for tcp_user_timeout.
+MAINTENANCE_SET_KEEPALIVES = """
+SELECT set_config('tcp_keepalives_idle', %(idle)s, false) AS tcp_keepalives_idle,
+       set_config('tcp_keepalives_interval', %(interval)s, false) AS tcp_keepalives_interval,
+       set_config('tcp_keepalives_count', %(count)s, false) AS tcp_keepalives_count,
+       set_config('tcp_user_timeout', %(user_timeout_ms)s, false) AS tcp_user_timeout
+"""
+
 # NOTE: set_config(..., true) is SET LOCAL with a bindable value (SET takes no parameters);
 # it lasts until the end of the current transaction. Value in milliseconds, as text.
 MAINTENANCE_SET_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %(timeout_ms)s, true)"
 
 # served by sa_job_heartbeat_idx (running_heartbeat_at) WHERE state = 'running'
-# (0001_core_schema.sql): the scan starts at the oldest heartbeat and stops after `limit`.
-# Spec §5/§8: a running job whose heartbeat is older than `stale_after` goes back to the
-# queue (attempt + 1, error_kind 'worker_crash') while it has attempts left and this attempt
-# started less than `stuck_after` ago; otherwise it fails as 'stuck'.
-# NOTE: `now` moves only the comparisons (tests pass a future instant); the stamps written
-# are the real now(), so a requeued job is claimable at once. SKIP LOCKED passes over a row a
-# worker is finalizing right now: if it finishes, it is no longer running; if not, the next
-# page or round takes it. The caller pages until a short page: every full page moves its rows
-# out of 'running', so the loop always ends.
-JOB_RECLAIM_MANY_IF_STALE = """
-WITH picked AS (
-    SELECT id, worker_claim AS lost_claim, running_heartbeat_at AS last_heartbeat,
-           (attempt < max_attempts
-            AND started_at > coalesce(%(now)s::timestamptz, now())
-                             - make_interval(secs => %(stuck_after)s)) AS requeue
-      FROM sa_job
-     WHERE state = 'running'
-       AND running_heartbeat_at < coalesce(%(now)s::timestamptz, now())
-                                  - make_interval(secs => %(stale_after)s)
-     ORDER BY running_heartbeat_at
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
+# (0001_core_schema.sql), keyset-paged on (running_heartbeat_at, id). Reads the running jobs
+# that may have to leave `running` (spec §5/§8): heartbeat older than `stale_after`, or attempt
+# started `stuck_after` ago or more, heartbeat or not. jobqueue/core/policy.py's decide_reclaim
+# decides each one; this statement only narrows the read to a superset of what it acts on.
+# NOTE: no lock is taken: the write (JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE) re-checks every
+# condition against `as_of`, so a job that finished, was re-claimed or heartbeated meanwhile is
+# left alone. `now` moves only the comparisons (tests pass a future instant).
+# PERF: a job stuck while heartbeating sits at the fresh end of the index, so a round scans
+# every running job's index entry; their number is bounded by the workers' slots.
+JOB_LIST_RECLAIMABLE_PAGE = """
+SELECT id, worker_claim, attempt, max_attempts, started_at,
+       running_heartbeat_at AS last_heartbeat,
+       coalesce(%(now)s::timestamptz, now()) AS as_of
+  FROM sa_job
+ WHERE state = 'running'
+   AND (%(after_heartbeat)s::timestamptz IS NULL
+        OR (running_heartbeat_at, id) > (%(after_heartbeat)s::timestamptz, %(after_id)s::uuid))
+   AND (running_heartbeat_at < coalesce(%(now)s::timestamptz, now())
+                               - make_interval(secs => %(stale_after)s)
+        OR started_at <= coalesce(%(now)s::timestamptz, now())
+                         - make_interval(secs => %(stuck_after)s))
+ ORDER BY running_heartbeat_at, id
+ LIMIT %(limit)s
+"""
+
+# served by sa_job_pkey (id), or by sa_job_worker_claim_idx (worker_claim) WHERE state =
+# 'running' (0001_core_schema.sql) when few jobs run. Applies one page of decide_reclaim's
+# decisions, mixed requeues and failures, in one statement. Each job is guarded on its own:
+# still running under the same worker_claim and attempt, and still stale or stuck at `as_of`
+# (the instant the decision was made against), so a heartbeat or a finalize that landed after
+# the read wins. The stamps written are the real now(), so a requeued job is claimable at once.
+JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE = """
 UPDATE sa_job j
-   SET state = CASE WHEN picked.requeue THEN 'queued' ELSE 'failed' END,
-       attempt = CASE WHEN picked.requeue THEN j.attempt + 1 ELSE j.attempt END,
-       worker_claim = CASE WHEN picked.requeue THEN NULL ELSE j.worker_claim END,
-       running_heartbeat_at = CASE WHEN picked.requeue THEN NULL ELSE j.running_heartbeat_at END,
-       scheduled_for = CASE WHEN picked.requeue THEN now() ELSE j.scheduled_for END,
-       finished_at = CASE WHEN picked.requeue THEN NULL ELSE now() END,
-       error_kind = CASE WHEN picked.requeue THEN 'worker_crash' ELSE 'stuck' END,
-       error_message = CASE
-           WHEN picked.requeue THEN
-               'worker ' || picked.lost_claim || ' lost the job: no heartbeat since '
-               || picked.last_heartbeat::text || '; attempt ' || j.attempt || ' of '
-               || j.max_attempts || ' requeued'
-           WHEN j.attempt >= j.max_attempts THEN
-               'stuck: worker ' || picked.lost_claim || ' stopped heartbeating at '
-               || picked.last_heartbeat::text || ' on the last attempt (' || j.attempt
-               || ' of ' || j.max_attempts || ')'
-           ELSE
-               'stuck: worker ' || picked.lost_claim || ' stopped heartbeating at '
-               || picked.last_heartbeat::text || '; attempt ' || j.attempt || ' started at '
-               || j.started_at::text || ', longer ago than the stuck limit'
-       END
-  FROM picked
- WHERE j.id = picked.id
+   SET state = d.to_state,
+       attempt = CASE WHEN d.to_state = 'queued' THEN j.attempt + 1 ELSE j.attempt END,
+       worker_claim = CASE WHEN d.to_state = 'queued' THEN NULL ELSE j.worker_claim END,
+       running_heartbeat_at = CASE WHEN d.to_state = 'queued' THEN NULL
+                                   ELSE j.running_heartbeat_at END,
+       scheduled_for = CASE WHEN d.to_state = 'queued' THEN now() ELSE j.scheduled_for END,
+       finished_at = CASE WHEN d.to_state = 'queued' THEN NULL ELSE now() END,
+       error_kind = d.error_kind,
+       error_message = d.error_message
+  FROM unnest(%(job_ids)s::uuid[], %(claims)s::text[], %(attempts)s::int[],
+              %(to_states)s::text[], %(error_kinds)s::text[], %(error_messages)s::text[])
+       AS d(job_id, claim, attempt, to_state, error_kind, error_message)
+ WHERE j.id = d.job_id
    AND j.state = 'running'
-RETURNING j.id, j.prompt_id, j.org_id, j.state, j.attempt, j.max_attempts,
-          picked.lost_claim, picked.last_heartbeat
+   AND j.worker_claim = d.claim
+   AND j.attempt = d.attempt
+   AND (j.running_heartbeat_at < %(as_of)s::timestamptz - make_interval(secs => %(stale_after)s)
+        OR j.started_at <= %(as_of)s::timestamptz - make_interval(secs => %(stuck_after)s))
+RETURNING j.id, j.prompt_id, j.org_id, j.state, j.attempt
 """
