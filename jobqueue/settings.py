@@ -90,6 +90,11 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     org_max_running: int = 0
     metrics_port: int = 0
+    sse_max_streams: int = 500
+    sse_max_streams_per_token: int = 10
+    sse_keepalive: float = 15.0
+    sse_token_check: float = 5.0
+    sse_replay_limit: int = 1000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -126,4 +131,12 @@ class Settings:
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             metrics_port=_port(env, "SA_METRICS_PORT"),
+            # NOTE: half the gevent worker's connections by default, so a flood of streams
+            # always leaves room for ordinary requests and /healthz (ops/gunicorn.conf.py).
+            sse_max_streams=_int(env, "SA_SSE_MAX_STREAMS",
+                                 max(1, _int(env, "SA_WEB_CONNECTIONS", 1000) // 2)),
+            sse_max_streams_per_token=_int(env, "SA_SSE_MAX_STREAMS_PER_TOKEN", 10),
+            sse_keepalive=_float(env, "SA_SSE_KEEPALIVE", 15.0),
+            sse_token_check=_float(env, "SA_SSE_TOKEN_CHECK", 5.0),
+            sse_replay_limit=_int(env, "SA_SSE_REPLAY_LIMIT", 1000),
         )
