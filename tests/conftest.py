@@ -17,6 +17,7 @@ from jobqueue.cli import main
 from jobqueue.completer import Completer
 from jobqueue.db import DictConnection, open_pool
 from jobqueue.embedded_db import scratch_database
+from jobqueue.events import EventHub
 from jobqueue.executor import Executor
 from jobqueue.fake_provider import FakeConfig, FakeProvider
 from jobqueue.listener import NotificationListener
@@ -120,8 +121,13 @@ def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[s
 
 
 @pytest.fixture
-def client(settings: Settings, pool: ConnectionPool[DictConnection]) -> falcon.testing.TestClient:
-    return falcon.testing.TestClient(create_app(settings, pool))
+def client(settings: Settings,
+           pool: ConnectionPool[DictConnection]) -> Iterator[falcon.testing.TestClient]:
+    # NOTE: the app's event hub starts on the first /mission read; stopped here so no test
+    # leaves a reader (and its LISTEN session) running into the next.
+    hub = EventHub.from_settings(pool, settings)
+    yield falcon.testing.TestClient(create_app(settings, pool, hub=hub))
+    hub.stop()
 
 
 @pytest.fixture
