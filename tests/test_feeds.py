@@ -7,6 +7,7 @@ import socket
 import uuid
 from collections.abc import Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,15 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.db import DictConnection, open_pool
 from jobqueue.events import EventHub
+from jobqueue.queries import job_event as event_q
+from jobqueue.queries import mission as mission_q
 from jobqueue.settings import Settings
-from jobqueue.tokens import Caller, revoke_token
+from jobqueue.tokens import Caller, issue_token, revoke_token
 from service.app import create_app
 from service.auth import AuthMiddleware
 from service.resources.events import MissionEvents
 from tests.conftest import fetch_all, wait_for
-from tests.helpers import submit
+from tests.helpers import plan_nodes, submit
 from tests.test_sse import (
     API,
     CANCEL,
@@ -344,3 +347,41 @@ def _open_stream(base: str, headers: dict[str, str]) -> socket.socket | None:
     assert head.startswith(b"HTTP/1.1 429"), head
     sock.close()
     return None
+
+
+@pytest.mark.parametrize("statement, index", [
+    (mission_q.MISSION_PAGE_FOR_USER, "sa_job_event_org_user_idx"),
+    (mission_q.MISSION_PAGE_FOR_ORG, "sa_job_event_org_idx"),
+    (mission_q.MISSION_START_FOR_USER, "sa_job_event_org_user_idx"),
+    (mission_q.MISSION_START_FOR_ORG, "sa_job_event_org_idx"),
+    (event_q.JOB_EVENT_LIST_FOR_ORG_BETWEEN, "sa_job_event_org_idx"),
+])
+def test_the_feeds_read_one_orgs_events_through_their_index(
+    many_jobs: DictConnection, statement: str, index: str,
+) -> None:
+    # NOTE: many users per org, so one user's events are a small part of the org's.
+    many_jobs.execute("UPDATE sa_job_event SET created_by = id % 20 + 1")
+    many_jobs.execute("ANALYZE sa_job_event")
+    nodes = plan_nodes(many_jobs, statement, {
+        "org_id": 7, "user_id": 1, "after": 0, "upto": 2**62, "limit": 100,
+        "since": datetime(2000, 1, 1, tzinfo=UTC)})
+    assert index in {node.get("Index Name") for node in nodes}
+    assert "Seq Scan" not in {node["Node Type"] for node in nodes}
+
+
+def test_a_stream_ends_within_seconds_of_its_tokens_expiry(
+    settings: Settings, pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    hub = EventHub.from_settings(pool, replace(settings, listen=False, sse_token_check=0.2))
+    try:
+        app = create_app(settings, pool, hub=hub)
+        expires = datetime.now(UTC) + timedelta(seconds=1.5)
+        token = issue_token(pool, caller.org_id, caller.user_id, expires_at=expires).token
+        lasting = open_wsgi_stream(app, token_headers(pool, caller.org_id, caller.user_id))
+        stream = open_wsgi_stream(app, {"Authorization": f"Bearer {token}"})
+        assert stream.status.startswith("200")
+        assert stream.done.wait(10), "an expired token's stream kept going"
+        assert datetime.now(UTC) >= expires
+        assert not lasting.done.is_set()
+    finally:
+        hub.stop()
