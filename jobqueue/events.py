@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
@@ -238,6 +239,7 @@ class EventHub:
         self._per_token: dict[bytes, int] = defaultdict(int)
         self._horizon = EventHorizon()
         self._ready = threading.Event()
+        self._looked = threading.Event()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._draining = threading.Event()
@@ -268,11 +270,21 @@ class EventHub:
             return sum(len(subs) for subs in self._subs.values())
 
     def ensure_started(self) -> None:
-        """Starts the listener and the reader on first use; returns at once.
+        """Starts the listener and the reader on first use, and waits for the reader's first look.
 
-        Streams subscribed before the hub is ready get their start point when it is
-        (`Subscription.wait_start`); nothing open elsewhere in the database can fail a start.
+        That look reads the sequence, so an event written after this returns is delivered
+        live to a stream subscribed now, even before the hub is ready: streams subscribed
+        before it get their start point when it is (`Subscription.wait_start`). Nothing open
+        elsewhere in the database delays the look.
+
+        Raises:
+            psycopg.OperationalError: the hub could not read the database within start_timeout.
         """
+        self._start()
+        if not self._looked.wait(self.config.start_timeout):
+            raise psycopg.OperationalError("the SSE event hub cannot read sa_job_event yet")
+
+    def _start(self) -> None:
         with self._start_lock:
             if self._thread is not None:
                 return
@@ -287,7 +299,11 @@ class EventHub:
             _STARTED.add(self)
 
     def wait_ready(self, timeout: float) -> int | None:
-        """Starts the hub if needed and returns its cursor, or None when not ready within `timeout`."""
+        """Starts the hub if needed and returns its cursor, or None when not ready within `timeout`.
+
+        Raises:
+            psycopg.OperationalError: the hub could not read the database within start_timeout.
+        """
         self.ensure_started()
         self._ready.wait(timeout)
         return self.cursor
@@ -427,6 +443,7 @@ class EventHub:
                 for group in self._subs.values():
                     for sub in group:
                         sub.start(self._horizon.cursor or 0)
+        self._looked.set()
         if observed is Observed.RESTARTED:
             # NOTE: only TRUNCATE ... RESTART IDENTITY (or a restored dump) moves the sequence back;
             # open streams keep their subscriptions and follow the new ids from the start.
