@@ -1,8 +1,12 @@
-"""EventHorizon: which event ids the hub may hand out, decided without a database."""
+"""The hub's pure parts: which event ids it may hand out (EventHorizon), and its stream caps'
+defaults, decided without a database."""
 
 from __future__ import annotations
 
+import pytest
+
 from jobqueue.horizon import EventHorizon, Observed
+from jobqueue.settings import Settings, SettingsError
 
 NOBODY: frozenset[str] = frozenset()
 
@@ -72,3 +76,13 @@ def test_a_sequence_that_went_back_restarts_the_cursor_at_zero() -> None:
     assert horizon.observe(2, NOBODY, prepared=False) is Observed.RESTARTED
     assert horizon.cursor == 0
     assert horizon.deliverable([1, 2]) == 2
+
+
+def test_a_process_takes_streams_for_half_its_connections_unless_told_otherwise() -> None:
+    base = {"DATABASE_URL": "postgresql:///x"}
+    assert Settings.from_env(base).sse_max_streams == 500
+    assert Settings.from_env({**base, "SA_WEB_CONNECTIONS": "40"}).sse_max_streams == 20
+    assert Settings.from_env({**base, "SA_WEB_CONNECTIONS": "40",
+                              "SA_SSE_MAX_STREAMS": "7"}).sse_max_streams == 7
+    with pytest.raises(SettingsError, match="SA_SSE_MAX_STREAMS_PER_TOKEN"):
+        Settings.from_env({**base, "SA_SSE_MAX_STREAMS_PER_TOKEN": "0"})
