@@ -93,7 +93,8 @@ class JobEvent:
 
 
 class SubscriptionClosed(Exception):
-    """The hub dropped a subscription: it fell too far behind, or the hub stopped."""
+    """The hub dropped a subscription: it fell too far behind, its token stopped acting, or the
+    hub stopped."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -285,11 +285,16 @@ def test_a_huge_or_malformed_last_event_id_is_a_400(
 
 
 def _ended(sock: socket.socket, timeout: float) -> bool:
-    """Reads the stream until the server closes it; True if it did within `timeout`."""
+    """Reads the stream until the server ends it (its last chunk, or a close); True if it did
+    within `timeout`."""
     sock.settimeout(timeout)
+    received = b""
     try:
-        while sock.recv(65536):
-            pass
+        while not received.endswith(b"\r\n0\r\n\r\n"):
+            data = sock.recv(65536)
+            if not data:
+                return True
+            received += data
     except TimeoutError:
         return False
     return True
