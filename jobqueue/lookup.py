@@ -19,6 +19,8 @@ __all__ = ["get_job", "get_prompt", "recent_changes"]
 
 Row = dict[str, Any]
 
+_LAST_ID = 2**63 - 1
+
 def get_job(pool: ConnectionPool[DictConnection], caller: Caller, job_id: uuid.UUID) -> Row:
     """Returns the job's row.
 
@@ -85,9 +87,10 @@ def recent_changes(
     with pool.connection() as conn:
         if after is None:
             after = 0
-            if since is not None and upto is not None:
+            if since is not None:
                 start = mission_q.MISSION_START_FOR_ORG if org_wide else mission_q.MISSION_START_FOR_USER
-                row = conn.execute(start, {**scope, "upto": upto, "since": since}).fetchone()
+                row = conn.execute(start, {**scope, "since": since,
+                                           "upto": _LAST_ID if upto is None else upto}).fetchone()
                 assert row is not None
                 after = int(row["after"])
         if upto is None or after >= upto:

@@ -79,8 +79,11 @@ def _client_gone(sock: socket.socket | None) -> bool:
     readable socket with nothing to read is one that was shut (or reset)."""
     if sock is None:
         return False
+    # NOTE: poll, not select: a process with 1000 connections has descriptors past select's 1024.
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
     try:
-        if not select.select([sock], [], [], 0)[0]:
+        if not poller.poll(0):
             return False
         return sock.recv(1, socket.MSG_PEEK) == b""
     except OSError:
@@ -103,6 +106,7 @@ class _EventStream:
         return self._frames
 
     def close(self) -> None:
+        """Frees the subscription, then ends the frames (the WSGI server calls it once done)."""
         self._hub.unsubscribe(self._sub)
         close = getattr(self._frames, "close", None)
         if close is not None:
