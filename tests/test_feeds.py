@@ -390,3 +390,29 @@ def test_a_stream_ends_within_seconds_of_its_tokens_expiry(
         assert not lasting.done.is_set()
     finally:
         hub.stop()
+
+
+def test_a_hub_started_while_an_event_writer_is_open_answers_streams_and_polls_at_once(
+    database_url: str, settings: Settings, pool: ConnectionPool[DictConnection],
+    feeds: falcon.testing.TestClient, auth: dict[str, str],
+) -> None:
+    early = submit(feeds, auth, text="early")
+    _, cursor = poll_all(feeds, auth, None)
+    fresh = EventHub.from_settings(pool, replace(settings, listen=False))
+    app = create_app(settings, pool, hub=fresh)
+    web = falcon.testing.TestClient(app)
+    try:
+        with psycopg.connect(database_url) as slow:
+            slow.execute(CANCEL, (early["job_id"],))
+            stream = open_wsgi_stream(app, auth)
+            assert stream.status.startswith("200")
+            page = web.simulate_get(RECENT, params={"cursor": cursor}, headers=auth)
+            assert page.status_code == 200
+            assert page.json["items"] == [] and page.json["next_cursor"] == cursor
+            later = submit(feeds, auth, text="later")
+        wait_for(lambda: stream.states(later["job_id"]) == ["queued"])
+        items, _ = poll_all(web, auth, cursor)
+        assert [(i["prompt_id"], i["state"]) for i in items] == [
+            (early["prompt_id"], "cancelled"), (later["prompt_id"], "queued")]
+    finally:
+        fresh.stop()
