@@ -78,11 +78,16 @@ class JobEvent:
         return cls(**row)
 
     def payload(self) -> dict[str, Any]:
-        """Returns what a client may see: everything but the owner, which is the client itself."""
+        """Returns what a client may see: everything but the org, which is the client's own.
+
+        `created_by` names the job's creator, which tells an org-wide stream (`scope=org`) whose
+        job moved.
+        """
         return {
             "id": self.id,
             "job_id": self.job_id,
             "prompt_id": self.prompt_id,
+            "created_by": self.created_by,
             "from_state": self.from_state,
             "to_state": self.to_state,
             "attempt": self.attempt,

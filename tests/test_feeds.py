@@ -142,7 +142,8 @@ def test_both_feeds_show_the_viewers_own_prompts_unless_org_scope_is_asked_for(
     org, _ = poll_all(feeds, auth, None, scope="org")
     assert [item["prompt_id"] for item in own] == [mine]
     assert [item["prompt_id"] for item in org] == [mine, theirs]
-    wait_for(lambda: [e["prompt_id"] for e in org_stream.events] == [mine, theirs])
+    wait_for(lambda: [(e["prompt_id"], e["created_by"]) for e in org_stream.events]
+             == [(mine, 10), (theirs, 11)])
     assert [e["prompt_id"] for e in mine_stream.events] == [mine]
 
 
