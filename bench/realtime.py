@@ -237,7 +237,11 @@ def main() -> None:
         token = bench_token(url)
         provider_url = f"http://127.0.0.1:{args.provider_port}"
         provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(args.provider_port)], {})
-        env = {"DATABASE_URL": url, "WEB_CONCURRENCY": "1", "SA_PROVIDER_URL": provider_url}
+        # NOTE: every stream uses one token, and a round's closed streams are noticed only at
+        # their next keepalive: the fan-out is measured here, not the stream caps.
+        streams = str(sum(args.clients))
+        env = {"DATABASE_URL": url, "WEB_CONCURRENCY": "1", "SA_PROVIDER_URL": provider_url,
+               "SA_SSE_MAX_STREAMS_PER_TOKEN": streams, "SA_SSE_MAX_STREAMS": streams}
         worker = spawn([str(VENV_BIN / "sa-core"), "run-worker"], env)
         try:
             wait_http(f"{provider_url}/healthz")

@@ -88,7 +88,7 @@ def create_app(
         settings: configuration; read from the environment when None.
         pool: an open pool to use instead of opening one.
         hub: the SSE event hub to use; by default one per app (so one per gunicorn worker
-            process), started by the first GET /mission/events.
+            process), started by the first GET /mission/events or /mission/recent.
 
     Returns:
         The Falcon app.
@@ -125,9 +125,11 @@ def create_app(
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry", PromptRetry(pool))
-    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool))
+    hub = hub or EventHub.from_settings(pool, settings)
+    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub))
     app.add_route(f"{API_PREFIX}/mission/events",
-                  MissionEvents(pool, hub or EventHub.from_settings(pool, settings)))
+                  MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
+                                replay_limit=settings.sse_replay_limit))
 
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(psycopg.OperationalError, _database_down)

@@ -87,3 +87,5 @@ class AuthMiddleware:
         if caller is None:
             raise invalid_token()
         req.context.caller = caller
+        # NOTE: the SSE resource caps and ends streams by the token they were opened with.
+        req.context.token = BearerToken.presented(token)

@@ -7,7 +7,7 @@ import time
 import uuid
 import weakref
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -19,12 +19,15 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.queries import job_event as q
+from jobqueue.core.queries import token as token_q
 from jobqueue.core.settings import Settings
+from service.event_horizon import EventHorizon, Observed
 
 __all__ = [
     "EventHub",
     "HubConfig",
     "JobEvent",
+    "StreamLimitExceeded",
     "Subscription",
     "SubscriptionClosed",
     "close_all_streams",
@@ -33,7 +36,8 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-Key = tuple[int, int]
+Key = tuple[int, int | None]
+"""Whose events a subscription receives: (org, user), or (org, None) for the whole org."""
 
 # NOTE: how soon the hub looks again while an event is held back behind a gap (doubling up to
 # the poll interval): gaps close when a short transaction commits, usually within milliseconds.
@@ -74,11 +78,16 @@ class JobEvent:
         return cls(**row)
 
     def payload(self) -> dict[str, Any]:
-        """Returns what a client may see: everything but the owner, which is the client itself."""
+        """Returns what a client may see: everything but the org, which is the client's own.
+
+        `created_by` names the job's creator, which tells an org-wide stream (`scope=org`) whose
+        job moved.
+        """
         return {
             "id": self.id,
             "job_id": self.job_id,
             "prompt_id": self.prompt_id,
+            "created_by": self.created_by,
             "from_state": self.from_state,
             "to_state": self.to_state,
             "attempt": self.attempt,
@@ -89,25 +98,37 @@ class JobEvent:
 
 
 class SubscriptionClosed(Exception):
-    """The hub dropped a subscription: it fell too far behind, or the hub stopped."""
+    """The hub dropped a subscription: it fell too far behind, its token stopped acting, or the
+    hub stopped."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
 
 
+class StreamLimitExceeded(Exception):
+    """A new stream would pass the per-token or the per-process cap; the client retries later."""
+
+    def __init__(self, description: str, retry_after: int) -> None:
+        super().__init__(description)
+        self.description = description
+        self.retry_after = retry_after
+
+
 class Subscription:
     """One client's bounded buffer of live events; the hub fills it, the client's stream drains it.
 
-    Every event the hub delivers after `start_after` for this (org, user) arrives here, in id
-    order. A client too slow to keep `capacity` events or fewer waiting is closed instead of
-    slowing the hub (or anyone else); it resumes with Last-Event-ID.
+    Every event the hub delivers after `start_after` for its key arrives here, in id order.
+    `start_after` is None until the hub knows its cursor (`wait_start`). A client too slow to
+    keep `capacity` events or fewer waiting is closed instead of slowing the hub (or anyone
+    else); it resumes with Last-Event-ID.
     """
 
-    def __init__(self, org_id: int, user_id: int, start_after: int, capacity: int) -> None:
+    def __init__(self, org_id: int, user_id: int | None, token: bytes, capacity: int) -> None:
         self.org_id = org_id
         self.user_id = user_id
-        self.start_after = start_after
+        self.token = token
+        self.start_after: int | None = None
         self._capacity = capacity
         self._buffer: deque[JobEvent] = deque()
         self._cond = threading.Condition(threading.Lock())
@@ -115,8 +136,27 @@ class Subscription:
 
     @property
     def key(self) -> Key:
-        """The (org, user) whose events this subscription receives."""
+        """The (org, user), or (org, None) for an org-wide stream, whose events it receives."""
         return (self.org_id, self.user_id)
+
+    def start(self, after: int) -> None:
+        """Sets the point from which live events arrive (the hub's cursor when it learned it)."""
+        with self._cond:
+            self.start_after = after
+            self._cond.notify_all()
+
+    def wait_start(self, timeout: float) -> int | None:
+        """Returns `start_after`, waiting up to `timeout` for the hub to know it.
+
+        Raises:
+            SubscriptionClosed: the hub dropped this subscription.
+        """
+        with self._cond:
+            if self.start_after is None and self._closed is None:
+                self._cond.wait(timeout)
+            if self._closed is not None:
+                raise SubscriptionClosed(self._closed)
+            return self.start_after
 
     def wait(self, timeout: float) -> list[JobEvent]:
         """Returns the buffered events, waiting up to `timeout` for one; [] when none came.
@@ -154,26 +194,22 @@ class Subscription:
 
 @dataclass(frozen=True)
 class HubConfig:
-    """How often the hub reads without a notification, and how much it buffers per client."""
+    """How often the hub reads and checks tokens, how much it buffers, how many streams it takes."""
 
     poll_interval: float = 2.0
     page_size: int = 500
     client_buffer: int = 1000
     start_timeout: float = 10.0
+    max_streams: int = 500
+    max_streams_per_token: int = 10
+    token_check: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.poll_interval <= 0 or self.start_timeout <= 0:
-            raise ValueError("poll_interval and start_timeout must be positive")
-        if self.page_size < 1 or self.client_buffer < 1:
-            raise ValueError("page_size and client_buffer must be at least 1")
-
-
-@dataclass(frozen=True)
-class _Barrier:
-    """Every id <= last_id is final once none of `xids` is still in flight."""
-
-    last_id: int
-    xids: frozenset[int]
+        if self.poll_interval <= 0 or self.start_timeout <= 0 or self.token_check <= 0:
+            raise ValueError("poll_interval, start_timeout and token_check must be positive")
+        if min(self.page_size, self.client_buffer, self.max_streams,
+               self.max_streams_per_token) < 1:
+            raise ValueError("page_size, client_buffer and the stream caps must be at least 1")
 
 
 class EventHub:
@@ -183,24 +219,15 @@ class EventHub:
     call; content always comes from the table), and every `poll_interval` regardless, which is
     all it does when `listen_conninfo` is None (SA_LISTEN=0, e.g. behind PgBouncer in
     transaction mode). Reads borrow the pool for a moment; clients never hold a connection.
+    Every `token_check` it also ends the streams whose token was revoked or expired.
 
-    NOTE: gap-free delivery. Ids come from a sequence when a row is written, but rows become
-    visible when their transaction commits, so id N+1 may be visible while N is not yet. The
-    hub therefore delivers in strict id order and never passes an id that may still appear:
-    it hands out a row only when it directly follows the last one delivered (`after + 1`), or
-    when it lies at or below a proven horizon. The horizon comes from a barrier: read the
-    sequence's last value L, THEN the xids of every transaction in flight in this database
-    (backend_xid). A transaction holding an unpublished id <= L took it before L was read,
-    after it got its xid (it wrote the sa_job row first), so it is in that list. Once a later
-    look finds none of those xids in flight, every id <= L has committed or aborted for good;
-    a read started after that look sees all the committed ones, and a missing id is an
-    aborted one. The hub's cursor `after` is thus always a point below which nothing new can
-    appear, which is what makes Last-Event-ID replay up to it exact (see `subscribe`).
-    Ordinary traffic never waits for a barrier (ids arrive contiguously); only a gap does,
-    for as long as the transactions then in flight take to end. This relies on the bigserial
-    sequence's defaults (INCREMENT 1, CACHE 1): ids are handed out one at a time, in order.
-    Comparing a per-row xid with pg_snapshot_xmin() would not do: xids and event ids are taken
-    in different orders, and a running xid above the newest completed one does not lower xmin.
+    NOTE: gap-free delivery. The hub delivers in strict id order and never passes an id that
+    may still appear; which ids are final is decided by `EventHorizon` (service/event_horizon.py)
+    from barriers this hub reads. Its cursor is thus always a point below which nothing new can
+    appear, which makes Last-Event-ID replay up to it exact (see `subscribe`) and lets
+    /mission/recent page the log up to it. Ordinary traffic never waits for a barrier (ids
+    arrive contiguously); only a gap does, for as long as the transactions that then held a
+    lock on sa_job_event take to end. Other transactions, whatever they hold, never matter.
     """
 
     def __init__(
@@ -215,11 +242,10 @@ class EventHub:
         self._lock = threading.Lock()
         self._start_lock = threading.Lock()
         self._subs: dict[Key, set[Subscription]] = defaultdict(set)
-        self._after: int | None = None
-        self._init_target: int | None = None
-        self._horizon = 0
-        self._barrier: _Barrier | None = None
+        self._per_token: dict[bytes, int] = defaultdict(int)
+        self._horizon = EventHorizon()
         self._ready = threading.Event()
+        self._looked = threading.Event()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._draining = threading.Event()
@@ -231,14 +257,17 @@ class EventHub:
     @classmethod
     def from_settings(cls, pool: ConnectionPool[DictConnection], settings: Settings) -> EventHub:
         """Builds a hub that LISTENs on the direct database URL unless SA_LISTEN=0."""
-        return cls(pool, HubConfig(poll_interval=settings.poll_interval),
-                   settings.direct_database_url if settings.listen else None)
+        config = HubConfig(poll_interval=settings.poll_interval,
+                           max_streams=settings.sse_max_streams,
+                           max_streams_per_token=settings.sse_max_streams_per_token,
+                           token_check=settings.sse_token_check)
+        return cls(pool, config, settings.direct_database_url if settings.listen else None)
 
     @property
     def cursor(self) -> int | None:
         """The id delivered last (every lower id is final); None until the hub is ready."""
         with self._lock:
-            return self._after
+            return self._horizon.cursor
 
     @property
     def subscriber_count(self) -> int:
@@ -247,24 +276,43 @@ class EventHub:
             return sum(len(subs) for subs in self._subs.values())
 
     def ensure_started(self) -> None:
-        """Starts the listener and the reader on first use and waits until the hub is ready.
+        """Starts the listener and the reader on first use, and waits for the reader's first look.
+
+        That look reads the sequence, so an event written after this returns is delivered
+        live to a stream subscribed now, even before the hub is ready: streams subscribed
+        before it get their start point when it is (`Subscription.wait_start`). Nothing open
+        elsewhere in the database delays the look.
 
         Raises:
-            psycopg.OperationalError: the hub could not read the event log within start_timeout.
+            psycopg.OperationalError: the hub could not read the database within start_timeout.
         """
-        with self._start_lock:
-            if self._thread is None:
-                if self._listen_conninfo is not None:
-                    self._listener = NotificationListener(
-                        self._listen_conninfo, q.JOB_EVENT_LISTEN, lambda _payload: self.wake(),
-                        self.wake).start()
-                    # NOTE: listening before the first read, so a commit right after it wakes us.
-                    self._listener.listening.wait(self.config.start_timeout)
-                self._thread = threading.Thread(target=self._run, name="sa-sse-hub", daemon=True)
-                self._thread.start()
-                _STARTED.add(self)
-        if not self._ready.wait(self.config.start_timeout):
+        self._start()
+        if not self._looked.wait(self.config.start_timeout):
             raise psycopg.OperationalError("the SSE event hub cannot read sa_job_event yet")
+
+    def _start(self) -> None:
+        with self._start_lock:
+            if self._thread is not None:
+                return
+            if self._listen_conninfo is not None:
+                self._listener = NotificationListener(
+                    self._listen_conninfo, q.JOB_EVENT_LISTEN, lambda _payload: self.wake(),
+                    self.wake).start()
+                # NOTE: listening before the first read, so a commit right after it wakes us.
+                self._listener.listening.wait(self.config.start_timeout)
+            self._thread = threading.Thread(target=self._run, name="sa-sse-hub", daemon=True)
+            self._thread.start()
+            _STARTED.add(self)
+
+    def wait_ready(self, timeout: float) -> int | None:
+        """Starts the hub if needed and returns its cursor, or None when not ready within `timeout`.
+
+        Raises:
+            psycopg.OperationalError: the hub could not read the database within start_timeout.
+        """
+        self.ensure_started()
+        self._ready.wait(timeout)
+        return self.cursor
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stops reading and closes every subscription (their streams end)."""
@@ -274,51 +322,78 @@ class EventHub:
             self._thread.join(timeout)
         if self._listener is not None:
             self._listener.stop(timeout)
-        self._close_all("shutdown")
+        self._close_where(lambda _sub: True, "shutdown")
 
     def drain(self) -> None:
         """Closes every subscription, now and from now on; signal-handler safe (sets flags only)."""
         self._draining.set()
         self._wake.set()
 
-    def _close_all(self, reason: str) -> None:
-        with self._lock:
-            subs = [sub for group in self._subs.values() for sub in group]
-            self._subs.clear()
-        for sub in subs:
-            sub.close(reason)
-
     def wake(self) -> None:
         """Asks the reader to look now (a notification arrived, or the listener reconnected)."""
         self._wake.set()
 
-    def subscribe(self, org_id: int, user_id: int) -> Subscription:
-        """Registers a stream for (org, user); it receives every event delivered after its
-        `start_after`, and events up to `start_after` are final, so a replay of
-        `(last_event_id, start_after]` followed by the live events has no gap and no duplicate.
+    def subscribe(self, org_id: int, user_id: int | None, token: bytes) -> Subscription:
+        """Registers a stream for (org, user), or the whole org when `user_id` is None.
+
+        It receives every event delivered after its `start_after`, and events up to
+        `start_after` are final, so a replay of `(last_event_id, start_after]` followed by the
+        live events has no gap and no duplicate.
+
+        Args:
+            org_id: the caller's org.
+            user_id: the caller, or None for an org-wide stream.
+            token: the digest of the token the stream was opened with; the stream ends soon
+                after that token stops acting (revoked, expired).
 
         Raises:
-            RuntimeError: the hub is not ready (call `ensure_started` first).
+            StreamLimitExceeded: the token, or this process, already has its cap of streams.
         """
+        sub = Subscription(org_id, user_id, token, self.config.client_buffer)
+        retry_after = max(1, round(self.config.poll_interval))
         with self._lock:
-            if self._after is None:
-                raise RuntimeError("the event hub is not started")
-            sub = Subscription(org_id, user_id, self._after, self.config.client_buffer)
+            if sum(len(subs) for subs in self._subs.values()) >= self.config.max_streams:
+                raise StreamLimitExceeded(
+                    f"this process already serves {self.config.max_streams} event streams "
+                    "(SA_SSE_MAX_STREAMS)", retry_after)
+            if self._per_token[token] >= self.config.max_streams_per_token:
+                raise StreamLimitExceeded(
+                    f"this token already has {self.config.max_streams_per_token} open event "
+                    "streams here (SA_SSE_MAX_STREAMS_PER_TOKEN); close one first", retry_after)
             if self._draining.is_set():
                 sub.close("shutdown")
-            else:
-                self._subs[sub.key].add(sub)
+                return sub
+            if self._horizon.cursor is not None:
+                sub.start(self._horizon.cursor)
+            self._subs[sub.key].add(sub)
+            self._per_token[token] += 1
         return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forgets a stream (idempotent)."""
         with self._lock:
-            group = self._subs.get(sub.key)
-            if group is not None:
-                group.discard(sub)
-                if not group:
-                    del self._subs[sub.key]
+            self._forget(sub)
         sub.close("unsubscribed")
+
+    def _forget(self, sub: Subscription) -> None:
+        """Drops a subscription from the registry; the caller holds `_lock`."""
+        group = self._subs.get(sub.key)
+        if group is None or sub not in group:
+            return
+        group.discard(sub)
+        if not group:
+            del self._subs[sub.key]
+        self._per_token[sub.token] -= 1
+        if not self._per_token[sub.token]:
+            del self._per_token[sub.token]
+
+    def _close_where(self, doomed: Callable[[Subscription], bool], reason: str) -> None:
+        with self._lock:
+            subs = [sub for group in self._subs.values() for sub in group if doomed(sub)]
+            for sub in subs:
+                self._forget(sub)
+        for sub in subs:
+            sub.close(reason)
 
     def poll_once(self, full: bool = True) -> bool:
         """Delivers every event that is safe to deliver now.
@@ -331,9 +406,9 @@ class EventHub:
             caller should look again soon.
         """
         with self._pool.connection() as conn:
-            if full or self._after is None:
+            if full or self.cursor is None:
                 self._take_barrier(conn)
-            if self._after is None:
+            if self.cursor is None:
                 self.rounds += 1
                 return True
             held = self._read_and_deliver(conn)
@@ -343,53 +418,58 @@ class EventHub:
         self.rounds += 1
         return held
 
+    def check_tokens(self) -> int:
+        """Ends the streams whose token no longer acts (revoked or expired); returns how many."""
+        with self._lock:
+            tokens = list(self._per_token)
+        if not tokens:
+            return 0
+        with self._pool.connection() as conn:
+            rows = conn.execute(token_q.TOKEN_LIST_ACTIVE_MANY,
+                                {"token_hashes": tokens}).fetchall()
+        active = {bytes(row["token_hash"]) for row in rows}
+        ended = [token for token in tokens if token not in active]
+        if ended:
+            before = self.subscriber_count
+            self._close_where(lambda sub: sub.token not in active, "token revoked or expired")
+            log.info("sse.streams_ended_for_token", tokens=len(ended),
+                     streams=before - self.subscriber_count)
+        return len(ended)
+
     def _take_barrier(self, conn: DictConnection) -> None:
-        # NOTE: two statements, in this order (see the class NOTE); the rows are read after both.
+        # NOTE: two statements, in this order (see service/event_horizon.py).
         last_row = conn.execute(q.JOB_EVENT_SEQUENCE_LAST).fetchone()
-        xid_row = conn.execute(q.JOB_EVENT_WRITERS_IN_FLIGHT).fetchone()
-        assert last_row is not None and xid_row is not None
-        last_id: int = last_row["last_id"]
-        in_flight = frozenset(xid_row["xids"])
-        if self._after is not None and last_id < self._after:
+        holders_row = conn.execute(q.JOB_EVENT_WRITERS_HOLDING).fetchone()
+        assert last_row is not None and holders_row is not None
+        with self._lock:
+            cursor = self._horizon.cursor
+            observed = self._horizon.observe(last_row["last_id"], frozenset(holders_row["holders"]),
+                                             holders_row["prepared"])
+            if observed is Observed.READY:
+                for group in self._subs.values():
+                    for sub in group:
+                        sub.start(self._horizon.cursor or 0)
+        self._looked.set()
+        if observed is Observed.RESTARTED:
             # NOTE: only TRUNCATE ... RESTART IDENTITY (or a restored dump) moves the sequence back;
             # open streams keep their subscriptions and follow the new ids from the start.
-            log.warning("sse_hub.sequence_restarted", last_id=last_id, cursor=self._after)
-            with self._lock:
-                self._after = 0
-            self._horizon = 0
-            self._barrier = None
-        if self._barrier is not None and self._barrier.xids.isdisjoint(in_flight):
-            self._horizon = max(self._horizon, self._barrier.last_id)
-            self._barrier = None
-        if not in_flight:
-            self._horizon = max(self._horizon, last_id)
-        elif self._barrier is None:
-            self._barrier = _Barrier(last_id, in_flight)
-        if self._after is None:
-            if self._init_target is None:
-                self._init_target = last_id
-            if self._horizon >= self._init_target:
-                with self._lock:
-                    self._after = self._init_target
-                self._ready.set()
-                log.info("sse_hub.ready", cursor=self._init_target)
+            log.warning("sse_hub.sequence_restarted", last_id=last_row["last_id"], cursor=cursor)
+        elif observed is Observed.READY:
+            self._ready.set()
+            log.info("sse_hub.ready", cursor=self.cursor)
 
     def _read_and_deliver(self, conn: DictConnection) -> bool:
         """Delivers final events page by page; True when one is held back behind a gap."""
         while True:
-            assert self._after is not None
-            expected = self._after
+            after = self.cursor
+            assert after is not None
             rows = conn.execute(q.JOB_EVENT_LIST_AFTER,
-                                {"after": expected, "limit": self.config.page_size}).fetchall()
-            ready: list[JobEvent] = []
-            for row in rows:
-                if row["id"] != expected + 1 and row["id"] > self._horizon:
-                    break
-                ready.append(JobEvent.from_row(row))
-                expected = row["id"]
-            if ready:
-                self._deliver(ready)
-            if len(ready) < len(rows):
+                                {"after": after, "limit": self.config.page_size}).fetchall()
+            with self._lock:
+                count = self._horizon.deliverable([row["id"] for row in rows])
+            if count:
+                self._deliver([JobEvent.from_row(row) for row in rows[:count]])
+            if count < len(rows):
                 return True
             if len(rows) < self.config.page_size:
                 return False
@@ -398,21 +478,18 @@ class EventHub:
         by_key: dict[Key, list[JobEvent]] = defaultdict(list)
         for event in events:
             by_key[(event.org_id, event.created_by)].append(event)
+            by_key[(event.org_id, None)].append(event)
         dropped: list[Subscription] = []
         # NOTE: offering and moving the cursor under one lock makes `subscribe` see either all of
         # this batch (live) or none of it (replayed from the table), never half.
         with self._lock:
             for key, batch in by_key.items():
-                group = self._subs.get(key)
-                if group is None:
-                    continue
-                for sub in group:
+                for sub in self._subs.get(key, ()):
                     if not sub.offer(batch):
                         dropped.append(sub)
-                group.difference_update(dropped)
-                if not group:
-                    del self._subs[key]
-            self._after = events[-1].id
+            for sub in dropped:
+                self._forget(sub)
+            self._horizon.advance(events[-1].id)
         for sub in dropped:
             log.warning("sse.client_too_slow", org_id=sub.org_id, user_id=sub.user_id,
                         buffer=self.config.client_buffer)
@@ -420,10 +497,10 @@ class EventHub:
 
     def _run(self) -> None:
         retry = _RETRY_FIRST
-        last_full = float("-inf")
+        last_full = last_token_check = float("-inf")
         while not self._stopping.is_set():
             if self._draining.is_set():
-                self._close_all("shutdown")
+                self._close_where(lambda _sub: True, "shutdown")
             woken = self._wake.is_set()
             self._wake.clear()
             now = time.monotonic()
@@ -432,6 +509,9 @@ class EventHub:
                 held = self.poll_once(full=full)
                 if full:
                     last_full = now
+                if now - last_token_check >= self.config.token_check:
+                    last_token_check = now
+                    self.check_tokens()
             except Exception as exc:
                 log.warning("sse_hub.read_failed", error=str(exc), error_type=type(exc).__name__)
                 held = True
@@ -439,26 +519,27 @@ class EventHub:
             if held:
                 delay, retry = retry, min(retry * 2, self.config.poll_interval)
             else:
-                delay, retry = self.config.poll_interval, _RETRY_FIRST
+                delay, retry = min(self.config.poll_interval, self.config.token_check), _RETRY_FIRST
             self._wake.wait(delay)
 
 
 def replay_events(
     pool: ConnectionPool[DictConnection],
     org_id: int,
-    user_id: int,
+    user_id: int | None,
     after: int,
     upto: int,
     page_size: int = 500,
 ) -> Iterator[list[JobEvent]]:
     """Yields, page by page, the (org, user)'s events with `after < id <= upto`, in id order.
 
-    Each page borrows a pooled connection only while it is read, never while the caller
-    writes it to a (possibly slow) client.
+    `user_id` None means the whole org's. Each page borrows a pooled connection only while it
+    is read, never while the caller writes it to a (possibly slow) client.
     """
+    query = q.JOB_EVENT_LIST_FOR_ORG_BETWEEN if user_id is None else q.JOB_EVENT_LIST_FOR_USER_BETWEEN
     while after < upto:
         with pool.connection() as conn:
-            rows = conn.execute(q.JOB_EVENT_LIST_FOR_USER_BETWEEN, {
+            rows = conn.execute(query, {
                 "org_id": org_id, "user_id": user_id, "after": after, "upto": upto,
                 "limit": page_size}).fetchall()
         if not rows:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from psycopg_pool import ConnectionPool
@@ -19,9 +19,7 @@ __all__ = ["get_job", "get_prompt", "recent_changes"]
 
 Row = dict[str, Any]
 
-# NOTE: without a cursor the client is catching up from nothing; bound the first answer.
-FIRST_POLL_LIMIT = 200
-
+_LAST_ID = 2**63 - 1
 
 def get_job(pool: ConnectionPool[DictConnection], caller: Caller, job_id: uuid.UUID) -> Row:
     """Returns the job's row.
@@ -56,22 +54,60 @@ def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: 
 
 
 def recent_changes(
-    pool: ConnectionPool[DictConnection], caller: Caller, since: datetime | None
+    pool: ConnectionPool[DictConnection],
+    caller: Caller,
+    *,
+    upto: int | None,
+    after: int | None,
+    since: datetime | None,
+    limit: int,
+    org_wide: bool = False,
 ) -> Row:
-    """Returns `{as_of, items}`: each prompt whose jobs changed at or after `since`, with its latest job.
+    """Returns `{as_of, items, next_cursor, has_more}`: a page of the viewer's event log, collapsed
+    to each prompt it names with that prompt's latest job.
 
-    A client that passes back `as_of` as the next `since` never misses a change, even when
-    transactions commit out of timestamp order; it may see a change twice (merge by prompt_id).
+    The page is the viewer's first `limit` events in `(after, upto]`, in id order; items come in
+    the order of their prompt's last event in the page. Passing `next_cursor` back as `after`
+    continues exactly where the page ended: every id <= `upto` is final, so nothing is missed,
+    and a heartbeat writes no event, so nothing comes back unless it changed again.
+
+    Args:
+        pool: database pool.
+        caller: the viewer.
+        upto: the SSE hub's cursor (every id at or below it is final); None while the hub is
+            not ready, which answers an empty page that continues where the client was.
+        after: the previous answer's `next_cursor`; None for a first call.
+        since: a first call's start: the events stamped at or after it (None: the whole log).
+        limit: most events read, hence most items answered.
+        org_wide: the viewer's whole org instead of the viewer's own prompts.
     """
+    scope = {"org_id": caller.org_id, "user_id": caller.user_id}
+    as_of = datetime.now(UTC)
+    items: list[Row] = []
     with pool.connection() as conn:
-        cursor_row = conn.execute(mission_q.MISSION_CURSOR).fetchone()
-        assert cursor_row is not None
-        items = conn.execute(
-            mission_q.MISSION_RECENT,
-            {
-                "org_id": caller.org_id,
-                "since": since if since is not None else datetime.min,
-                "limit": None if since is not None else FIRST_POLL_LIMIT,
-            },
-        ).fetchall()
-    return {"as_of": cursor_row["as_of"], "items": items}
+        if after is None:
+            after = 0
+            if since is not None:
+                start = mission_q.MISSION_START_FOR_ORG if org_wide else mission_q.MISSION_START_FOR_USER
+                row = conn.execute(start, {**scope, "since": since,
+                                           "upto": _LAST_ID if upto is None else upto}).fetchone()
+                assert row is not None
+                after = int(row["after"])
+        if upto is None or after >= upto:
+            return {"as_of": as_of, "items": items, "next_cursor": after, "has_more": False}
+        page_q = mission_q.MISSION_PAGE_FOR_ORG if org_wide else mission_q.MISSION_PAGE_FOR_USER
+        events = conn.execute(page_q, {**scope, "after": after, "upto": upto,
+                                       "limit": limit}).fetchall()
+        # NOTE: a prompt's place is its last event in the page (dicts keep insertion order).
+        last_event: dict[uuid.UUID, int] = {}
+        for event in events:
+            last_event.pop(event["prompt_id"], None)
+            last_event[event["prompt_id"]] = event["id"]
+        if last_event:
+            rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
+                "org_id": caller.org_id, "prompt_ids": list(last_event)}).fetchall()
+            by_prompt = {row["prompt_id"]: row for row in rows}
+            items = [by_prompt[p] for p in last_event if p in by_prompt]
+    has_more = len(events) == limit
+    return {"as_of": as_of, "items": items,
+            "next_cursor": events[-1]["id"] if has_more else upto, "has_more": has_more}

@@ -18,9 +18,15 @@ from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 from service.auth import API_PREFIX
 from service.validation import (
+    CURSOR_PATTERN,
+    EVENT_ID_PATTERN,
     MAX_ATTEMPTS_LIMIT,
     MAX_DEPTH,
+    MAX_EVENT_ID,
     MAX_MODEL_CHARS,
+    RECENT_LIMIT_DEFAULT,
+    RECENT_LIMIT_MAX,
+    SCOPES,
     SINCE_PATTERN,
     UUID_PATTERN,
 )
@@ -100,6 +106,13 @@ _NO_BODY: dict[str, Any] = {
 
 _LOCATION = {"Location": {"description": "The job's URL.", "required": True,
                           "schema": {"type": "string"}}}
+
+
+_SCOPE: dict[str, Any] = {
+    "name": "scope", "in": "query", "required": False,
+    "description": "`user`: the caller's own prompts (the default); `org`: every prompt of the "
+                   "caller's org (an explicit opt-in).",
+    "schema": {"type": "string", "enum": list(SCOPES), "default": SCOPES[0]}}
 
 
 def _schemas(settings: Settings) -> dict[str, Schema]:
@@ -228,11 +241,19 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
         },
         "MissionRecent": {
             "type": "object",
-            "required": ["as_of", "items"],
+            "required": ["as_of", "items", "next_cursor", "has_more"],
             "additionalProperties": False,
             "properties": {
-                "as_of": {**_TIME, "description": "Pass it back as the next `since`."},
-                "items": {"type": "array", "items": _ref("MissionItem")},
+                "as_of": {**_TIME, "description": "When the page was read. Continue with "
+                                                  "`next_cursor`; `since` only starts a feed."},
+                "items": {"type": "array", "items": _ref("MissionItem"),
+                          "description": "Each prompt with an event in the page, once, with "
+                                         "its latest job, in the order of its last event."},
+                "next_cursor": {"type": "string", "pattern": CURSOR_PATTERN,
+                                "description": "Pass it back as `cursor`: the next page starts "
+                                               "exactly where this one ended."},
+                "has_more": {"type": "boolean",
+                             "description": "The page was full: ask again at once for the rest."},
             },
         },
         "Health": {
@@ -318,30 +339,59 @@ def _paths() -> dict[str, Any]:
                           **_errors("400", "401", "404", "409", "413", "415", "422", "503")}}},
         f"{api}/mission/recent": {"get": {
             "operationId": "missionRecent",
-            "summary": "Prompts of the caller's org whose jobs changed since a cursor.",
-            "parameters": [{
-                "name": "since", "in": "query", "required": False,
-                "description": "ISO 8601 date or date-time (no offset means UTC); pass back the "
-                               "previous answer's `as_of`. Without it, at most 200 items.",
-                "schema": {"type": "string", "pattern": SINCE_PATTERN}}],
-            "responses": {"200": _json("Changes.", _ref("MissionRecent")),
+            "summary": "The viewer's prompts whose jobs changed, a page at a time.",
+            "description": (
+                "Pages the same event log as /mission/events: a page is the viewer's next "
+                "`limit` transitions (heartbeats are none), collapsed to their prompts' latest "
+                "state. Following `next_cursor` misses nothing, even a transaction that commits "
+                "late, and repeats a prompt only when it changed again."),
+            "parameters": [
+                {"name": "cursor", "in": "query", "required": False,
+                 "description": "The previous answer's `next_cursor` (opaque). Wins over `since`.",
+                 "schema": {"type": "string", "pattern": CURSOR_PATTERN}},
+                {"name": "since", "in": "query", "required": False,
+                 "description": "A first call's start: ISO 8601 date or date-time (no offset "
+                                "means UTC). Without it and without `cursor`, the feed starts "
+                                "at the beginning of the log.",
+                 "schema": {"type": "string", "pattern": SINCE_PATTERN}},
+                {"name": "limit", "in": "query", "required": False,
+                 "description": "Most transitions read, hence most items answered.",
+                 "schema": {"type": "integer", "minimum": 1, "maximum": RECENT_LIMIT_MAX,
+                            "default": RECENT_LIMIT_DEFAULT}},
+                _SCOPE],
+            "responses": {"200": _json("A page of changes.", _ref("MissionRecent")),
                           **_errors("400", "401", "503")}}},
         f"{api}/mission/events": {"get": {
             "operationId": "missionEvents",
             "summary": "Server-Sent Events of the caller's own jobs' transitions.",
-            "description": "`event: job.state_changed`, `id:` the event id, `data:` JSON. "
-                           "Resumes after `Last-Event-ID`. The stream never ends on its own.",
+            "description": (
+                "`event: job.state_changed`, `id:` the event id, `data:` JSON. Resumes after "
+                "`Last-Event-ID`; a replay sends at most SA_SSE_REPLAY_LIMIT events, then the "
+                "stream ends and the EventSource reconnects (after `retry:`) with the last id it "
+                "got, for the next part. The stream ends when its token is revoked or expires "
+                "(within SA_SSE_TOKEN_CHECK seconds) and at shutdown; otherwise never."),
             "parameters": [
                 {"name": "Last-Event-ID", "in": "header", "required": False,
-                 "schema": {"type": "string", "pattern": "^[0-9]+$"}},
+                 "description": f"The last event id received (0 to {MAX_EVENT_ID}).",
+                 "schema": {"type": "string", "pattern": EVENT_ID_PATTERN}},
                 {"name": "last_event_id", "in": "query", "required": False,
-                 "schema": {"type": "integer", "minimum": 0}},
+                 "description": "As Last-Event-ID, for clients that cannot send it; the header "
+                                "wins.",
+                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID}},
+                _SCOPE,
                 {"name": "access_token", "in": "query", "required": False,
                  "description": "The token, for EventSource clients that cannot send headers.",
                  "schema": {"type": "string"}}],
             "responses": {"200": {"description": "The event stream.",
                                   "content": {"text/event-stream": {"schema": {"type": "string"}}}},
-                          **_errors("400", "401", "503")}}},
+                          **_errors("400", "401"),
+                          "429": _error(
+                              "The token already has SA_SSE_MAX_STREAMS_PER_TOKEN streams open "
+                              "on this process, or the process SA_SSE_MAX_STREAMS.", {
+                                  "Retry-After": {"description": "Seconds to wait.",
+                                                  "required": True,
+                                                  "schema": {"type": "string"}}}),
+                          **_errors("503")}}},
     }
 
 

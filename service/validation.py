@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 import uuid
 from dataclasses import dataclass
@@ -14,15 +15,25 @@ from jobqueue.engine.claim import MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
 __all__ = [
+    "CURSOR_PATTERN",
+    "EVENT_ID_PATTERN",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_DEPTH",
+    "MAX_EVENT_ID",
     "MAX_MODEL_CHARS",
     "OPTION_KEYS",
+    "RECENT_LIMIT_DEFAULT",
+    "RECENT_LIMIT_MAX",
+    "SCOPES",
     "SINCE_PATTERN",
     "UUID_PATTERN",
     "PromptRequest",
+    "encode_cursor",
+    "parse_cursor",
+    "parse_event_id",
     "parse_idempotency_key",
     "parse_no_body",
+    "parse_org_wide",
     "parse_prompt",
     "parse_since",
 ]
@@ -44,7 +55,24 @@ SINCE_PATTERN = (
 A string of this shape that names no real instant (February 30th, year 0) answers 400 too.
 """
 
+RECENT_LIMIT_DEFAULT = 100
+RECENT_LIMIT_MAX = 500
+
+MAX_EVENT_ID = 2**63 - 1
+"""The largest event id (sa_job_event.id is a bigint)."""
+
+EVENT_ID_PATTERN = "^[0-9]{1,19}$"
+"""What Last-Event-ID may look like: a decimal event id (at most MAX_EVENT_ID)."""
+
+CURSOR_PATTERN = "^[A-Za-z0-9_-]{11}$"
+"""A /mission/recent cursor: opaque to clients (it is an event id, base64url of 8 bytes)."""
+
+SCOPES = ("user", "org")
+"""`scope` of the mission feeds: the viewer's own prompts (default) or the viewer's whole org."""
+
 _UUID_RE = re.compile(UUID_PATTERN)
+_EVENT_ID_RE = re.compile(EVENT_ID_PATTERN)
+_CURSOR_RE = re.compile(CURSOR_PATTERN)
 _SINCE_RE = re.compile(SINCE_PATTERN)
 # NOTE: visible ASCII only, so a key is the same bytes in every client, log-safe and header-safe.
 # Every pattern is used with fullmatch: a bare `$` would also match before a trailing newline.
@@ -158,6 +186,55 @@ def parse_since(raw: str | None) -> datetime | None:
     except ValueError:
         raise falcon.HTTPInvalidParam("must be an ISO 8601 timestamp", "since") from None
     return since if since.tzinfo is not None else since.replace(tzinfo=UTC)
+
+
+def parse_event_id(raw: str, name: str, header: bool = False) -> int:
+    """Parses an event id given as Last-Event-ID (a header) or `last_event_id` (a parameter).
+
+    Raises:
+        falcon.HTTPInvalidHeader: a malformed or out-of-range header.
+        falcon.HTTPInvalidParam: a malformed or out-of-range parameter.
+    """
+    raw = raw.strip()
+    # NOTE: the length is checked before int() ever runs: a 4,300-digit string is refused
+    # cheaply, never converted (Python refuses such conversions with a ValueError of its own).
+    if _EVENT_ID_RE.fullmatch(raw) and int(raw) <= MAX_EVENT_ID:
+        return int(raw)
+    why = f"must be an event id (an integer from 0 to {MAX_EVENT_ID})"
+    raise falcon.HTTPInvalidHeader(why, name) if header else falcon.HTTPInvalidParam(why, name)
+
+
+def encode_cursor(event_id: int) -> str:
+    """Returns the opaque cursor that continues after `event_id`."""
+    return base64.urlsafe_b64encode(event_id.to_bytes(8, "big")).decode().rstrip("=")
+
+
+def parse_cursor(raw: str | None) -> int | None:
+    """Parses a `cursor` from a previous /mission/recent answer (absent means a first call).
+
+    Raises:
+        falcon.HTTPInvalidParam: not a cursor this service hands out.
+    """
+    if raw is None:
+        return None
+    if not _CURSOR_RE.fullmatch(raw):
+        raise falcon.HTTPInvalidParam("must be the `next_cursor` of a previous answer", "cursor")
+    # NOTE: every string of the documented shape decodes; one beyond the largest id only
+    # means "nothing newer yet".
+    return min(int.from_bytes(base64.urlsafe_b64decode(raw + "="), "big"), MAX_EVENT_ID)
+
+
+def parse_org_wide(raw: str | None) -> bool:
+    """Parses `scope`: `user` (the default, the viewer's own) or `org` (the viewer's whole org).
+
+    Raises:
+        falcon.HTTPInvalidParam: any other value.
+    """
+    if raw is None or raw == SCOPES[0]:
+        return False
+    if raw == SCOPES[1]:
+        return True
+    raise falcon.HTTPInvalidParam(f"must be one of: {', '.join(SCOPES)}", "scope")
 
 
 def parse_idempotency_key(raw: str | None) -> str | None:

@@ -27,6 +27,7 @@ from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.provider import Provider
 from jobqueue.runtime.worker import Worker, WorkerConfig
 from service.app import create_app
+from service.event_hub import EventHub
 
 TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
           "sa_job_archive, sa_job_event_archive, sa_ledger_archive")
@@ -120,8 +121,13 @@ def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[s
 
 
 @pytest.fixture
-def client(settings: Settings, pool: ConnectionPool[DictConnection]) -> falcon.testing.TestClient:
-    return falcon.testing.TestClient(create_app(settings, pool))
+def client(settings: Settings,
+           pool: ConnectionPool[DictConnection]) -> Iterator[falcon.testing.TestClient]:
+    # NOTE: the app's event hub starts on the first /mission read; stopped here so no test
+    # leaves a reader (and its LISTEN session) running into the next.
+    hub = EventHub.from_settings(pool, settings)
+    yield falcon.testing.TestClient(create_app(settings, pool, hub=hub))
+    hub.stop()
 
 
 @pytest.fixture

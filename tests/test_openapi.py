@@ -20,6 +20,7 @@ from schemathesis.config import SchemathesisConfig
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
+from service.event_hub import EventHub
 from service.openapi import OPENAPI_PATH, build_openapi
 
 # NOTE: the document depends on settings only through limits; the test app uses the defaults.
@@ -113,9 +114,11 @@ def test_every_operation_documents_its_errors_as_json_title_and_description() ->
 @pytest.fixture
 def app_under_test(settings: Settings, pool: ConnectionPool[DictConnection],
                    auth: dict[str, str]) -> Iterator[Any]:
-    APP.target, APP.token = create_app(settings, pool), auth["Authorization"].split()[1]
+    hub = EventHub.from_settings(pool, settings)
+    APP.target, APP.token = create_app(settings, pool, hub=hub), auth["Authorization"].split()[1]
     yield APP
     APP.target = APP.token = None
+    hub.stop()
 
 
 @schema.parametrize()

@@ -304,7 +304,7 @@ def test_the_hub_delivers_out_of_order_commits_in_id_order_exactly_once(
 ) -> None:
     early, late = (submit(client, auth, text=t)["job_id"] for t in ("early", "late"))
     hub = ready_hub(pool)
-    sub = hub.subscribe(1, 10)
+    sub = hub.subscribe(1, 10, b"token")
     start = hub.cursor
     assert start is not None
 
@@ -327,7 +327,7 @@ def test_an_aborted_transaction_leaves_a_gap_the_hub_steps_over(
 ) -> None:
     doomed, kept = (submit(client, auth, text=t)["job_id"] for t in ("doomed", "kept"))
     hub = ready_hub(pool)
-    sub = hub.subscribe(1, 10)
+    sub = hub.subscribe(1, 10, b"token")
     start = hub.cursor
     assert start is not None
 
@@ -371,8 +371,8 @@ def test_a_client_too_far_behind_is_dropped_alone_and_recovers_by_replay(
     auth: dict[str, str], caller: Caller,
 ) -> None:
     hub = ready_hub(pool, client_buffer=2)
-    slow = hub.subscribe(1, 10)
-    fast = hub.subscribe(1, 10)
+    slow = hub.subscribe(1, 10, b"token")
+    fast = hub.subscribe(1, 10, b"token")
     start = hub.cursor
     assert start is not None
     got: list[int] = []
@@ -406,14 +406,14 @@ def test_polling_mission_recent_sees_the_same_final_states_as_the_stream(
     workers.start()
 
     polled: dict[str, str] = {}
-    since: str | None = None
+    cursor: str | None = None
 
     def poll() -> bool:
-        nonlocal since
+        nonlocal cursor
         result = client.simulate_get(f"{API}/mission/recent",
-                                     params={"since": since} if since else None, headers=auth)
+                                     params={"cursor": cursor} if cursor else None, headers=auth)
         assert result.status_code == 200
-        since = result.json["as_of"]
+        cursor = result.json["next_cursor"]
         polled.update({item["prompt_id"]: item["state"] for item in result.json["items"]})
         return len(polled) == len(texts) and set(polled.values()) <= TERMINAL
 
@@ -510,7 +510,7 @@ def test_one_gevent_web_process_holds_100_streams_on_one_listen_connection_and_p
     settings: Settings, tmp_path: Path, database_url: str, pool: ConnectionPool[DictConnection],
     auth: dict[str, str],
 ) -> None:
-    with gunicorn(settings, tmp_path) as base:
+    with gunicorn(settings, tmp_path, SA_SSE_MAX_STREAMS_PER_TOKEN="100") as base:
         baseline = fetch_one(pool, "SELECT count(*) AS n FROM pg_stat_activity "
                                    "WHERE datname = current_database()")["n"]
         socks = _raw_streams(base, auth, 100)

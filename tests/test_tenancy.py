@@ -116,7 +116,9 @@ CASES = [
     Case("retry my prompt", "POST", f"{P}/prompts/{{prompt_id:uuid}}/retry",
          f"{P}/prompts/{{done_prompt}}/retry", 404, 202, teammate_check=_supersedes_the_owners_job),
     Case("poll the feed", "GET", f"{P}/mission/recent", f"{P}/mission/recent", 200, 200,
-         stranger_check=_sees_no_items, teammate_check=_sees_items),
+         stranger_check=_sees_no_items, teammate_check=_sees_no_items),
+    Case("poll the org's feed", "GET", f"{P}/mission/recent", f"{P}/mission/recent?scope=org",
+         200, 200, stranger_check=_sees_no_items, teammate_check=_sees_items),
 ]
 
 # NOTE: the event stream never ends, so it is proven where streams are read concurrently:

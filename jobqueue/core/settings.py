@@ -121,6 +121,11 @@ class Settings:
     retention_interval: float = 3600.0
     archive_after: float = 30 * 86400.0
     idempotency_key_retention: float = 86400.0
+    sse_max_streams: int = 500
+    sse_max_streams_per_token: int = 10
+    sse_keepalive: float = 15.0
+    sse_token_check: float = 5.0
+    sse_replay_limit: int = 1000
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -165,6 +170,14 @@ class Settings:
             idempotency_key_retention=_seconds_or_off(
                 env, "SA_IDEMPOTENCY_KEY_RETENTION", float(KEY_TTL_SECONDS),
                 at_least=float(KEY_TTL_SECONDS)),
+            # NOTE: half the gevent worker's connections by default, so a flood of streams
+            # always leaves room for ordinary requests and /healthz (ops/gunicorn.conf.py).
+            sse_max_streams=_int(env, "SA_SSE_MAX_STREAMS",
+                                 max(1, _int(env, "SA_WEB_CONNECTIONS", 1000) // 2)),
+            sse_max_streams_per_token=_int(env, "SA_SSE_MAX_STREAMS_PER_TOKEN", 10),
+            sse_keepalive=_float(env, "SA_SSE_KEEPALIVE", 15.0),
+            sse_token_check=_float(env, "SA_SSE_TOKEN_CHECK", 5.0),
+            sse_replay_limit=_int(env, "SA_SSE_REPLAY_LIMIT", 1000),
         )
 
     @property

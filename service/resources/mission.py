@@ -1,4 +1,4 @@
-"""GET /mission/recent: the polling feed."""
+"""GET /mission/recent: the polling feed, a page of the same event log the SSE stream follows."""
 
 from __future__ import annotations
 
@@ -6,19 +6,38 @@ import falcon
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from service.event_hub import EventHub
 from service.lookup import recent_changes
-from service.validation import parse_since
+from service.validation import (
+    RECENT_LIMIT_DEFAULT,
+    RECENT_LIMIT_MAX,
+    encode_cursor,
+    parse_cursor,
+    parse_org_wide,
+    parse_since,
+)
 
 __all__ = ["MissionRecent"]
 
+HUB_WAIT_SECONDS = 2.0
+"""How long a poll waits for a hub that is starting; past it the page is empty and continues."""
+
 
 class MissionRecent:
-    """Prompts changed since a cursor; pass `as_of` back as the next `since`."""
+    """The viewer's prompts that changed, a page at a time; pass `next_cursor` back as `cursor`."""
 
-    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+    def __init__(self, pool: ConnectionPool[DictConnection], hub: EventHub) -> None:
         self._pool = pool
+        self._hub = hub
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        """Answers `{as_of, items}`."""
+        """Answers `{as_of, items, next_cursor, has_more}`."""
+        after = parse_cursor(req.get_param("cursor"))
         since = parse_since(req.get_param("since"))
-        resp.media = recent_changes(self._pool, req.context.caller, since)
+        limit = req.get_param_as_int("limit", min_value=1, max_value=RECENT_LIMIT_MAX,
+                                     default=RECENT_LIMIT_DEFAULT)
+        assert limit is not None
+        org_wide = parse_org_wide(req.get_param("scope"))
+        page = recent_changes(self._pool, req.context.caller, upto=self._hub.wait_ready(
+            HUB_WAIT_SECONDS), after=after, since=since, limit=limit, org_wide=org_wide)
+        resp.media = {**page, "next_cursor": encode_cursor(page["next_cursor"])}

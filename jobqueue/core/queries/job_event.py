@@ -3,9 +3,10 @@
 __all__ = [
     "JOB_EVENT_LISTEN",
     "JOB_EVENT_LIST_AFTER",
+    "JOB_EVENT_LIST_FOR_ORG_BETWEEN",
     "JOB_EVENT_LIST_FOR_USER_BETWEEN",
     "JOB_EVENT_SEQUENCE_LAST",
-    "JOB_EVENT_WRITERS_IN_FLIGHT",
+    "JOB_EVENT_WRITERS_HOLDING",
     "JOB_QUEUED_LISTEN",
 ]
 
@@ -32,7 +33,7 @@ JOB_EVENT_LIST_AFTER = (
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql: the
 # Last-Event-ID replay of one client. `upto` is the hub's delivered cursor when the client
-# registered, below which every id is final (see service/event_hub.py).
+# registered, below which every id is final (see service/event_horizon.py).
 JOB_EVENT_LIST_FOR_USER_BETWEEN = (
     "SELECT" + _EVENT_COLUMNS + """
   FROM sa_job_event
@@ -42,25 +43,37 @@ JOB_EVENT_LIST_FOR_USER_BETWEEN = (
  LIMIT %(limit)s
 """)
 
+# served by sa_job_event_org_idx (org_id, id), 0007_event_org_index.sql: as
+# JOB_EVENT_LIST_FOR_USER_BETWEEN, for a client that opted in to its whole org's events.
+JOB_EVENT_LIST_FOR_ORG_BETWEEN = (
+    "SELECT" + _EVENT_COLUMNS + """
+  FROM sa_job_event
+ WHERE org_id = %(org_id)s
+   AND id > %(after)s AND id <= %(upto)s
+ ORDER BY id
+ LIMIT %(limit)s
+""")
+
 # The last id handed out by the event sequence (0 before the first), read outside MVCC: a
 # sequence advances for every transaction at once, committed or not.
-# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_IN_FLIGHT (see service/event_hub.py).
+# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_HOLDING (see service/event_horizon.py).
 JOB_EVENT_SEQUENCE_LAST = """
 SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('sa_job_event', 'id')::regclass), 0)
        AS last_id
 """
 
-# The top-level xids of every transaction of this database that has written and not ended,
-# prepared (two-phase) ones included. An event id is taken by a transaction that already holds
-# an xid (the sa_job row it changes was written first), so a transaction still holding an
-# unpublished id is in this list. backend_xid, unlike xact_start, is shown to every role.
-JOB_EVENT_WRITERS_IN_FLIGHT = """
-SELECT ARRAY(
-    SELECT backend_xid::text::bigint
-      FROM pg_stat_activity
-     WHERE datname = current_database() AND backend_xid IS NOT NULL
-    UNION ALL
-    SELECT transaction::text::bigint
-      FROM pg_prepared_xacts
-     WHERE database = current_database()) AS xids
+# The transactions that may still commit an event: those holding RowExclusiveLock on
+# sa_job_event (every inserter takes it before its id and keeps it to its end), prepared ones
+# included (pid NULL). pg_locks, unlike pg_stat_activity's xact_start, is shown to every role,
+# and lists fast-path locks too. A session that wrote only elsewhere, or reads the log, is not
+# here, so it cannot hold the horizon back.
+JOB_EVENT_WRITERS_HOLDING = """
+SELECT coalesce(array_agg(DISTINCT virtualtransaction), '{}') AS holders,
+       coalesce(bool_or(pid IS NULL), false) AS prepared
+  FROM pg_locks
+ WHERE locktype = 'relation'
+   AND relation = 'sa_job_event'::regclass
+   AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+   AND mode = 'RowExclusiveLock'
+   AND granted
 """

@@ -1,43 +1,74 @@
-"""Statements behind /mission/recent: a safe cursor and the prompts changed since one."""
+"""Statements behind /mission/recent: a page of the event log, and the prompts it names."""
 
-__all__ = ["MISSION_CURSOR", "MISSION_RECENT"]
+__all__ = [
+    "MISSION_PAGE_FOR_ORG",
+    "MISSION_PAGE_FOR_USER",
+    "MISSION_PROMPTS_LATEST",
+    "MISSION_START_FOR_ORG",
+    "MISSION_START_FOR_USER",
+]
 
-# NOTE: rows are stamped with clock_timestamp() at write time, but become visible only at
-# commit. A cursor beyond the start of a transaction that already wrote (holds an xid) and
-# has not committed would skip its rows, so the cursor never passes the oldest such start.
-# A transaction that has not written yet will stamp its rows later than this moment.
-# Must run as its own statement BEFORE the read: a transaction that commits in between
-# then falls inside the overlap instead of the gap.
-MISSION_CURSOR = """
-SELECT least(clock_timestamp(),
-             (SELECT min(xact_start)
-                FROM pg_stat_activity
-               WHERE datname = current_database() AND backend_xid IS NOT NULL)) AS as_of
+# NOTE: the feed pages sa_job_event, not sa_job.updated_at: an event is written only by a
+# transition (a heartbeat writes none), and `upto` is the SSE hub's delivered cursor, below
+# which every id is final (service/event_horizon.py), so a page boundary never skips a late commit.
+
+# served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql.
+MISSION_PAGE_FOR_USER = """
+SELECT id, prompt_id
+  FROM sa_job_event
+ WHERE org_id = %(org_id)s AND created_by = %(user_id)s
+   AND id > %(after)s AND id <= %(upto)s
+ ORDER BY id
+ LIMIT %(limit)s
 """
 
-# served by sa_job_org_updated_idx (org_id, updated_at) for the changed set, then
-# sa_job_prompt_idx (prompt_id, created_at) for each prompt's latest job.
-# `limit` NULL means no limit (used when the client passed a cursor).
-MISSION_RECENT = """
-WITH changed AS (
-    SELECT DISTINCT prompt_id
-      FROM sa_job
-     WHERE org_id = %(org_id)s AND updated_at >= %(since)s
-)
+# served by sa_job_event_org_idx (org_id, id), 0007_event_org_index.sql.
+MISSION_PAGE_FOR_ORG = """
+SELECT id, prompt_id
+  FROM sa_job_event
+ WHERE org_id = %(org_id)s
+   AND id > %(after)s AND id <= %(upto)s
+ ORDER BY id
+ LIMIT %(limit)s
+"""
+
+# A first call's `since` as a cursor: the viewer's last event stamped before it (0 for none).
+# served by sa_job_event_org_user_idx (org_id, created_by, id), read backwards from `upto`:
+# it stops at the first event older than `since`, so it costs the events after `since`.
+MISSION_START_FOR_USER = """
+SELECT coalesce((SELECT id
+                   FROM sa_job_event
+                  WHERE org_id = %(org_id)s AND created_by = %(user_id)s
+                    AND id <= %(upto)s AND at < %(since)s
+                  ORDER BY id DESC
+                  LIMIT 1), 0) AS after
+"""
+
+# served by sa_job_event_org_idx (org_id, id), as MISSION_START_FOR_USER.
+MISSION_START_FOR_ORG = """
+SELECT coalesce((SELECT id
+                   FROM sa_job_event
+                  WHERE org_id = %(org_id)s
+                    AND id <= %(upto)s AND at < %(since)s
+                  ORDER BY id DESC
+                  LIMIT 1), 0) AS after
+"""
+
+# served by sa_entity_pkey (id) for the prompts, then sa_job_prompt_idx (prompt_id, created_at)
+# for each prompt's latest job. The org guard keeps another org's ids out whatever is passed.
+MISSION_PROMPTS_LATEST = """
 SELECT p.id AS prompt_id, p.parent_id, p.content AS text, p.created_at,
        latest.job_id, latest.state, latest.attempt, latest.max_attempts, latest.priority,
        latest.error_kind, latest.error_message, latest.response_id, latest.updated_at,
        r.content AS response_text
-  FROM changed
-  JOIN sa_entity p ON p.id = changed.prompt_id
+  FROM sa_entity p
  CROSS JOIN LATERAL (
        SELECT id AS job_id, state, attempt, max_attempts, priority, error_kind,
               error_message, response_id, updated_at
          FROM sa_job
-        WHERE prompt_id = changed.prompt_id
+        WHERE prompt_id = p.id
         ORDER BY created_at DESC, id
         LIMIT 1) latest
   LEFT JOIN sa_entity r ON r.id = latest.response_id
- ORDER BY latest.updated_at DESC
- LIMIT %(limit)s
+ WHERE p.id = ANY(%(prompt_ids)s) AND p.org_id = %(org_id)s
 """

@@ -1,6 +1,12 @@
 """Statements on sa_api_token."""
 
-__all__ = ["TOKEN_GET_ACTIVE", "TOKEN_INSERT", "TOKEN_REVOKE", "TOKEN_REVOKE_BY_HASH"]
+__all__ = [
+    "TOKEN_GET_ACTIVE",
+    "TOKEN_INSERT",
+    "TOKEN_LIST_ACTIVE_MANY",
+    "TOKEN_REVOKE",
+    "TOKEN_REVOKE_BY_HASH",
+]
 
 TOKEN_INSERT = """
 INSERT INTO sa_api_token (token_hash, org_id, user_id, label, expires_at)
@@ -14,6 +20,16 @@ TOKEN_GET_ACTIVE = """
 SELECT org_id, user_id, token_hash
   FROM sa_api_token
  WHERE token_hash = %s
+   AND revoked_at IS NULL
+   AND (expires_at IS NULL OR expires_at > now())
+"""
+
+# served by sa_api_token_hash_unique (token_hash): which of the digests behind a web process's
+# open SSE streams still act; the streams of any other digest end (service/event_hub.py).
+TOKEN_LIST_ACTIVE_MANY = """
+SELECT token_hash
+  FROM sa_api_token
+ WHERE token_hash = ANY(%(token_hashes)s)
    AND revoked_at IS NULL
    AND (expires_at IS NULL OR expires_at > now())
 """
