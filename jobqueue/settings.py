@@ -90,6 +90,8 @@ class Settings:
     cors_origins: tuple[str, ...] = ()
     org_max_running: int = 0
     metrics_port: int = 0
+    body_timeout: float = 10.0
+    token_cache_ttl: float = 2.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -126,4 +128,6 @@ class Settings:
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             metrics_port=_port(env, "SA_METRICS_PORT"),
+            body_timeout=_float(env, "SA_BODY_TIMEOUT", 10.0),
+            token_cache_ttl=_float(env, "SA_TOKEN_CACHE_TTL", 2.0, minimum=-1.0),
         )
