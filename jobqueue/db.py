@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import psycopg
+import structlog
 from psycopg import Connection
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
@@ -12,6 +14,8 @@ from psycopg_pool import ConnectionPool
 __all__ = ["DictConnection", "borrow", "open_pool"]
 
 DictConnection = Connection[DictRow]
+
+log = structlog.get_logger(__name__)
 
 
 def open_pool(
@@ -34,12 +38,28 @@ def open_pool(
         checkout_timeout: seconds a caller waits for a connection before PoolTimeout; web
             requests use a short one so an outage answers 503 quickly instead of hanging.
 
+    Every connection handed out passed `_check_idle` first, so one the server closed while it
+    sat idle (a backend killed, a restart, a cut network) is replaced before anything is sent
+    on it: the caller never sees that failure.
+
     Returns:
         An open pool; the caller closes it.
 
     Raises:
         psycopg_pool.PoolTimeout: the database did not answer within `timeout`.
     """
+
+    def check(conn: DictConnection) -> None:
+        try:
+            _check_idle(conn)
+        except psycopg.OperationalError:
+            # NOTE: a dead connection rarely dies alone (a restart or a mass kill ends them
+            # all): the others are tested now, in one sweep, instead of one per checkout with
+            # the pool's growing pause between failed checks.
+            log.info("db.idle_connection_lost", pool=name)
+            pool.check()
+            raise
+
     pool: ConnectionPool[DictConnection] = ConnectionPool(
         conninfo,
         name=name,
@@ -50,10 +70,30 @@ def open_pool(
         timeout=checkout_timeout,
         # NOTE: keep retrying through a long outage; the default gives up after 5 minutes.
         reconnect_timeout=3600.0,
+        check=check,
         open=False,
     )
     pool.open(wait=True, timeout=timeout)
     return pool
+
+
+def _check_idle(conn: DictConnection) -> None:
+    """Raises OperationalError, closing `conn`, when the server has hung up on it; no round trip.
+
+    An idle connection has nothing to read unless the server closed it, often after sending a
+    FATAL message (`pg_terminate_backend`, shutdown). libpq's socket is non-blocking, so reading
+    costs a system call and never waits (nor yields, under gevent). The first read takes in such
+    a message, the second meets the end of the stream.
+
+    PERF: about 2 us per checkout, against about 100 us for the pool's `check_connection` (an
+    empty query's round trip).
+    """
+    try:
+        conn.pgconn.consume_input()
+        conn.pgconn.consume_input()
+    except psycopg.OperationalError:
+        conn.close()
+        raise
 
 
 @contextmanager

@@ -16,9 +16,9 @@ API_PREFIX = "/sa-core/v1"
 PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", f"{API_PREFIX}/openapi.json"})
 """The only routes (Falcon uri_templates) answered without a token; pages join this list.
 
-NOTE: the rule is judged on the route the router chose, never on the raw path: `//sa-core/v1/...`
-or `/healthz/../sa-core/...` reach a protected route only through this check, and a path that
-matches no route needs a token too (a scan without one learns nothing but 401).
+NOTE: the rule is judged on the route the router chose, never on the raw path: however a path
+is spelt (`//sa-core/v1/...`), the route it reaches decides. A path that matches no route is
+answered 404 by Falcon before any middleware could read its body.
 """
 
 QUERY_TOKEN_PARAM = "access_token"
@@ -65,10 +65,10 @@ class AuthMiddleware:
         Raises:
             falcon.HTTPUnauthorized: no token, a malformed one, or one not valid.
         """
-        route = req.uri_template if resource is not None else None
+        route = req.uri_template
         if route in PUBLIC_ROUTES:
             return
-        if req.method == "OPTIONS" and resource is not None:
+        if req.method == "OPTIONS":
             # NOTE: a CORS preflight carries no credentials by definition; Falcon's default
             # OPTIONS responder answers it with the route's Allow list and reads nothing.
             return

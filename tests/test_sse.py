@@ -27,7 +27,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.db import DictConnection
 from jobqueue.events import EventHub, HubConfig, SubscriptionClosed, replay_events
 from jobqueue.settings import Settings
-from jobqueue.tokens import Caller, create_token
+from jobqueue.tokens import Authenticator, Caller, create_token
 from service.app import create_app
 from service.auth import AuthMiddleware
 from service.resources.events import MissionEvents
@@ -263,7 +263,7 @@ def test_a_malformed_last_event_id_is_a_400(
 def test_an_idle_stream_gets_keepalive_comments(
     pool: ConnectionPool[DictConnection], hub: EventHub, auth: dict[str, str],
 ) -> None:
-    app = falcon.App(middleware=[AuthMiddleware(pool)])
+    app = falcon.App(middleware=[AuthMiddleware(Authenticator(pool))])
     app.add_route(EVENTS, MissionEvents(pool, hub, keepalive=0.05))
     stream = open_wsgi_stream(app, auth, stop_when=lambda s: s.comments.count("keepalive") >= 2)
     assert stream.done.wait(10)
