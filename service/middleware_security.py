@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import random
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
@@ -56,9 +57,10 @@ class RequestLimitsMiddleware:
 
     Refused before a byte is read: a declared body over `max_body_bytes` (413) or one that is not
     JSON (415). Then the body is read under one wall-clock deadline of `body_timeout` seconds
-    (SA_BODY_TIMEOUT): a client that sends it too slowly gets a JSON 408 and its connection slot
-    back; a chunked body is cut one byte past the limit (413); a body that ends early or is
-    malformed (an aborted chunked upload) is a 400. Resources then parse the buffered copy.
+    (SA_BODY_TIMEOUT) to half as much again: a client that sends it too slowly gets a JSON 408
+    and its connection slot back; a chunked body is cut one byte past the limit (413); a body
+    that ends early or is malformed (an aborted chunked upload) is a 400. Resources then parse
+    the buffered copy.
 
     NOTE: it runs in `process_resource`, after AuthMiddleware's, so no body byte is ever read for
     a request without a valid token.
@@ -100,14 +102,18 @@ class RequestLimitsMiddleware:
 
     def _read(self, env: dict[str, Any], length: int | None) -> bytes:
         """Reads `length` bytes, or a chunked body (None) up to one byte past the limit."""
+        # NOTE: jittered, so that a thousand slow clients that arrived together (and reconnect
+        # together) are not all answered in the same instant, a burst that would stall every
+        # other request of the process for as long as it takes to answer them.
+        timeout = self._timeout * random.uniform(1.0, 1.5)
         try:
-            with _deadline(self._timeout, env):
+            with _deadline(timeout, env):
                 data: bytes = env["wsgi.input"].read(self._max + 1 if length is None else length)
         except _BodyTimeout:
-            log.info("http.body_timeout", timeout_s=self._timeout)
+            log.info("http.body_timeout", timeout_s=round(timeout, 3))
             raise falcon.HTTPError(
                 falcon.HTTP_408, title="Request timeout",
-                description=f"The request body did not arrive within {self._timeout:g} s.",
+                description=f"The request body did not arrive within {timeout:.1f} s.",
             ) from None
         except Exception as exc:
             # NOTE: the WSGI server raises its own types for a client that hung up mid-body or
