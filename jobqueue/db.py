@@ -8,6 +8,7 @@ from contextlib import contextmanager
 import psycopg
 import structlog
 from psycopg import Connection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
@@ -46,8 +47,17 @@ def open_pool(
         An open pool; the caller closes it.
 
     Raises:
+        psycopg.ProgrammingError: `conninfo` is malformed (the message never repeats it).
         psycopg_pool.PoolTimeout: the database did not answer within `timeout`.
     """
+    try:
+        conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        # NOTE: libpq's parse error quotes the whole string, password included; the pool would
+        # log it on every connection attempt and a start-up traceback would print it.
+        raise psycopg.ProgrammingError(
+            f"the connection string of pool {name!r} is malformed: neither a postgresql:// URI "
+            "nor key=value pairs (value not shown: it may hold a password)") from None
 
     def check(conn: DictConnection) -> None:
         try:

@@ -5,7 +5,10 @@ malformed body or header is a 4xx, and no secret reaches the web's output."""
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import uuid
 from dataclasses import replace
@@ -19,7 +22,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.db import DictConnection
 from jobqueue.settings import Settings
 from tests.conftest import fetch_one
-from tests.test_sse import gunicorn
+from tests.test_sse import REPO, gunicorn
 
 API = "/sa-core/v1"
 PROMPT = f"{API}/prompt"
@@ -197,3 +200,15 @@ def test_no_token_or_database_password_reaches_the_web_output(
     assert "http.request" in output
     for secret in (password, token, bad_token):
         assert secret not in output
+
+
+def test_a_malformed_database_url_never_prints_its_password(settings: Settings, tmp_path: Path) -> None:
+    password = "db-secret-" + uuid.uuid4().hex
+    env = {**os.environ, "DATABASE_URL": f"postgres//sa:{password}@127.0.0.1/sa", "PORT": "0",
+           "WEB_CONCURRENCY": "1"}
+    web = subprocess.run(
+        [sys.executable, "-m", "gunicorn", "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert web.returncode != 0
+    assert "malformed" in web.stdout + web.stderr
+    assert password not in web.stdout + web.stderr
