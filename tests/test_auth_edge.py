@@ -4,9 +4,11 @@ malformed headers answer 4xx; the token cache forgets a revoked token at once an
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import falcon.testing
+import httpx
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -14,9 +16,10 @@ from jobqueue.db import DictConnection
 from jobqueue.listener import NotificationListener
 from jobqueue.queries.token import TOKEN_REVOKED_LISTEN
 from jobqueue.settings import Settings
-from jobqueue.tokens import Authenticator, Caller, issue_token, revoke_token
+from jobqueue.tokens import Authenticator, Caller, IssuedToken, issue_token, revoke_token
 from tests.conftest import fetch_one, wait_for
 from tests.helpers import submit
+from tests.test_sse import gunicorn
 
 API = "/sa-core/v1"
 SOME_ID = str(uuid.uuid4())
@@ -169,3 +172,24 @@ def test_invalid_tokens_are_never_remembered(pool: ConnectionPool[DictConnection
     guesses: list[Any] = [authenticator.authenticate(f"sa_guess-{i}") for i in range(50)]
     assert guesses == [None] * 50
     assert authenticator.authenticate(issued.token) == Caller(1, 10)
+
+
+def test_the_web_process_forgets_a_revoked_token_at_once(
+    settings: Settings, tmp_path: Path, pool: ConnectionPool[DictConnection],
+) -> None:
+    kept, revoked = issue_token(pool, 1, 10), issue_token(pool, 1, 11)
+    with gunicorn(settings, tmp_path) as base, httpx.Client(base_url=base, timeout=10) as http:
+        wait_for(lambda: fetch_one(pool, "SELECT count(*) AS n FROM pg_stat_activity "
+                                         "WHERE datname = current_database() AND query = %s",
+                                   TOKEN_REVOKED_LISTEN)["n"] == 1)
+
+        def status(issued: IssuedToken) -> int:
+            return http.get(f"{API}/mission/recent",
+                            headers={"Authorization": f"Bearer {issued.token}"}).status_code
+
+        assert status(kept) == 200 and status(revoked) == 200
+        # NOTE: the process caches: a revoke nobody announced goes unnoticed (for up to 60 s).
+        sql_revoke(pool, kept.id)
+        assert status(kept) == 200
+        assert revoke_token(pool, str(revoked.id)) is not None
+        wait_for(lambda: status(revoked) == 401, timeout=1.0, interval=0.005)
