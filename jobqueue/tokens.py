@@ -27,8 +27,8 @@ from psycopg_pool import ConnectionPool
 from jobqueue.db import DictConnection
 from jobqueue.queries import token as q
 
-__all__ = ["Authenticator", "Caller", "IssuedToken", "RevokedToken", "authenticate", "create_token",
-           "hash_token", "issue_token", "revoke_token"]
+__all__ = ["Authenticator", "Caller", "IssuedToken", "RevokedToken", "create_token", "hash_token",
+           "issue_token", "revoke_token"]
 
 TOKEN_PREFIX = "sa_"
 
@@ -141,12 +141,6 @@ def revoke_token(pool: ConnectionPool[DictConnection], token_or_id: str) -> Revo
         return None
     return RevokedToken(id=row["id"], org_id=row["org_id"], user_id=row["user_id"],
                         revoked_at=row["revoked_at"], newly=row["newly"])
-
-
-def authenticate(pool: ConnectionPool[DictConnection], token: str) -> Caller | None:
-    """Returns the caller a token acts for, or None when it is unknown, revoked or expired."""
-    found = _lookup(pool, hash_token(token))
-    return found[0] if found is not None else None
 
 
 def _lookup(pool: ConnectionPool[DictConnection], digest: bytes) -> tuple[Caller, float | None] | None:

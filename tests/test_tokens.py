@@ -172,7 +172,7 @@ def test_the_fetched_digest_is_compared_in_constant_time(
         return original(a, b)
 
     monkeypatch.setattr(tokens.hmac, "compare_digest", spy)
-    assert tokens.authenticate(pool, token) == tokens.Caller(1, 10)
+    assert tokens.Authenticator(pool).authenticate(token) == tokens.Caller(1, 10)
     assert seen == [(tokens.hash_token(token), tokens.hash_token(token))]
     stored = fetch_one(pool, "SELECT token_hash FROM sa_api_token")["token_hash"]
     assert bytes(stored) == tokens.hash_token(token) and token.encode() not in bytes(stored)

@@ -20,7 +20,7 @@ RETURNING id, expires_at
 """
 
 # served by sa_api_token_hash_unique (token_hash). Returns the stored digest too, so the caller
-# can compare it with the presented one in constant time (see jobqueue.tokens.authenticate), and
+# can compare it with the presented one in constant time (see jobqueue.tokens.Authenticator), and
 # the seconds until it expires (NULL: never), which bound how long a cache may keep it.
 TOKEN_GET_ACTIVE = """
 SELECT org_id, user_id, token_hash,
