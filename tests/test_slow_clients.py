@@ -212,3 +212,13 @@ def test_a_malformed_database_url_never_prints_its_password(settings: Settings, 
     assert web.returncode != 0
     assert "malformed" in web.stdout + web.stderr
     assert password not in web.stdout + web.stderr
+
+
+def test_a_slow_body_gets_408_under_the_threaded_worker_too(
+    settings: Settings, tmp_path: Path, token: str,
+) -> None:
+    env = {"SA_WEB_WORKER_CLASS": "gthread", "SA_BODY_TIMEOUT": "1"}
+    with gunicorn(settings, tmp_path, **env) as base, connect(base) as sock:
+        sock.sendall(head("POST", PROMPT, json_post(token, 100)) + b"{")
+        status, _, body = answer(sock)
+        assert status == 408 and json.loads(body)["title"] == "Request timeout"
