@@ -62,6 +62,8 @@ def test_a_doubled_slash_reaches_the_route_only_with_a_token_and_answers_like_it
                                headers=other_org_auth).status_code == 404
     assert client.simulate_get(f"//sa-core/v1/jobs/{SOME_ID}", headers=auth).status_code == 404
     assert client.simulate_post("//sa-core/v1/prompt", json={"text": "x"}).status_code == 401
+    misspelt = client.simulate_get("//sa-core/v1/mission/recent", params={"snce": "x"}, headers=auth)
+    assert misspelt.status_code == 400
 
 
 BAD_AUTHORIZATION = ["Bearer", "Bearer ", "Basic dXNlcjpwYXNz", "Token abc", "bearer", " ",
