@@ -99,7 +99,6 @@ def create_app(
     settings: Settings | None = None,
     pool: ConnectionPool[DictConnection] | None = None,
     hub: EventHub | None = None,
-    authenticator: Authenticator | None = None,
 ) -> falcon.App[falcon.Request, falcon.Response]:
     """Builds the WSGI app; opens its own pool unless one is given (tests share theirs).
 
@@ -108,11 +107,10 @@ def create_app(
         pool: an open pool to use instead of opening one.
         hub: the SSE event hub to use; by default one per app (so one per gunicorn worker
             process), started by the first GET /mission/events.
-        authenticator: resolves tokens; by default, with its own pool, one that caches valid
-            tokens and LISTENs for revocations, and with a given pool one lookup per request.
 
     Returns:
-        The Falcon app.
+        The Falcon app. With its own pool it caches valid tokens and LISTENs for revocations;
+        with a given pool (tests) it looks every token up.
     """
     configure_logging()
     settings = settings or Settings.from_env()
@@ -122,8 +120,9 @@ def create_app(
         # NOTE: closed at exit, not left to the garbage collector: under gevent a pool finalized
         # during interpreter shutdown fails to join its worker threads and prints a traceback.
         atexit.register(pool.close)
-        authenticator = authenticator or _caching_authenticator(pool, settings)
-    authenticator = authenticator or Authenticator(pool)
+        authenticator = _caching_authenticator(pool, settings)
+    else:
+        authenticator = Authenticator(pool)
     # NOTE: the request context comes first, so its request id, log line and latency cover auth
     # too. Auth judges the routed request from its headers; only then are body limits checked
     # and the body read (both in process_resource, in this order).

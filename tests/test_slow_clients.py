@@ -222,3 +222,20 @@ def test_a_slow_body_gets_408_under_the_threaded_worker_too(
         sock.sendall(head("POST", PROMPT, json_post(token, 100)) + b"{")
         status, _, body = answer(sock)
         assert status == 408 and json.loads(body)["title"] == "Request timeout"
+
+
+def test_a_client_that_never_finishes_its_headers_is_let_go(
+    settings: Settings, tmp_path: Path,
+) -> None:
+    with gunicorn(settings, tmp_path, SA_WEB_CONNECTIONS="5") as base:
+        stalled = [connect(base) for _ in range(5)]
+        try:
+            for sock in stalled:
+                sock.sendall(b"POST /sa-core/v1/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            # NOTE: gunicorn's keep-alive (2 s, ops/gunicorn.conf.py) bounds the header wait.
+            for sock in stalled:
+                assert sock.recv(65536) == b""
+            assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        finally:
+            for sock in stalled:
+                sock.close()
