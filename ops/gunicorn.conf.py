@@ -16,6 +16,7 @@ __all__ = [
     "child_exit",
     "control_socket_disable",
     "graceful_timeout",
+    "keepalive",
     "on_exit",
     "on_starting",
     "post_worker_init",
@@ -51,6 +52,12 @@ control_socket_disable = True
 # lines, and gunicorn's access log would mix one unstructured text line per request into them.
 # Reporting requests is the app's job.
 accesslog = None
+
+# NOTE: gunicorn's default, pinned on purpose: besides idle keep-alive connections, it bounds (in
+# the gevent worker) the wait for a request's headers and the discarding of a body the app did not
+# read (a 401, a 408), so a client that stalls there holds its connection slot 2 s at most. The
+# body itself is bounded by SA_BODY_TIMEOUT (service/middleware_security.py).
+keepalive = 2
 
 # NOTE: on SIGTERM, in-flight requests get 30 s to finish, the same budget the worker process gets
 # (SA_SHUTDOWN_GRACE defaults to 30).

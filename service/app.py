@@ -12,10 +12,12 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
+from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
+from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
 from jobqueue.core.settings import Settings
-from jobqueue.core.tokens import InvalidToken
-from service.auth import API_PREFIX, AuthMiddleware, invalid_token
+from jobqueue.core.tokens import Authenticator
+from service.auth import API_PREFIX, AuthMiddleware
 from service.event_hub import EventHub
 from service.middleware import RequestContextMiddleware
 from service.middleware_security import (
@@ -53,11 +55,6 @@ def _domain_error(req: falcon.Request, resp: falcon.Response, ex: Exception, par
     raise falcon.HTTPError(status, title=ex.title, description=ex.description, headers=headers)
 
 
-def _invalid_token(req: falcon.Request, resp: falcon.Response, ex: Exception,
-                   params: Any) -> None:
-    raise invalid_token()
-
-
 def _database_down(req: falcon.Request, resp: falcon.Response, ex: Exception,
                    params: Any) -> None:
     log.warning("http.database_unavailable", path=req.path, error=type(ex).__name__)
@@ -77,6 +74,27 @@ def _unexpected(req: falcon.Request, resp: falcon.Response, ex: Exception, param
     )
 
 
+_HEARD_TTL = 60.0
+"""Seconds a valid token stays remembered while revocations are heard (see Authenticator)."""
+
+
+def _caching_authenticator(pool: ConnectionPool[DictConnection],
+                           settings: Settings) -> Authenticator:
+    """An Authenticator that remembers valid tokens, told of revocations by a LISTEN.
+
+    With SA_LISTEN=0 (or while the LISTEN connection is down) entries live SA_TOKEN_CACHE_TTL
+    seconds only; a reconnected LISTEN forgets everything, as it may have missed a revoke.
+    """
+    authenticator = Authenticator(pool, ttl=_HEARD_TTL,
+                                  fallback_ttl=settings.token_cache_ttl)
+    if settings.listen:
+        listener = NotificationListener(settings.direct_database_url, TOKEN_REVOKED_LISTEN,
+                                        authenticator.forget, authenticator.clear).start()
+        authenticator.revocations = listener.listening
+        atexit.register(listener.stop)
+    return authenticator
+
+
 def create_app(
     settings: Settings | None = None,
     pool: ConnectionPool[DictConnection] | None = None,
@@ -91,7 +109,8 @@ def create_app(
             process), started by the first GET /mission/events or /mission/recent.
 
     Returns:
-        The Falcon app.
+        The Falcon app. With its own pool it caches valid tokens and LISTENs for revocations;
+        with a given pool (tests) it looks every token up.
     """
     configure_logging()
     settings = settings or Settings.from_env()
@@ -101,13 +120,17 @@ def create_app(
         # NOTE: closed at exit, not left to the garbage collector: under gevent a pool finalized
         # during interpreter shutdown fails to join its worker threads and prints a traceback.
         atexit.register(pool.close)
-    # NOTE: the request context comes first, so its request id, log line and latency cover auth too.
-    # Body limits run before auth, so an oversized or non-JSON body costs no token lookup.
+        authenticator = _caching_authenticator(pool, settings)
+    else:
+        authenticator = Authenticator(pool)
+    # NOTE: the request context comes first, so its request id, log line and latency cover auth
+    # too. Auth judges the routed request from its headers; only then are body limits checked
+    # and the body read (both in process_resource, in this order).
     cors = cors_middleware(settings.cors_origins)
     document = build_openapi(settings)
     middleware: list[Any] = [RequestContextMiddleware(), SecurityHeadersMiddleware(),
-                             *([cors] if cors else []),
-                             RequestLimitsMiddleware(settings.max_body_bytes), AuthMiddleware(pool),
+                             *([cors] if cors else []), AuthMiddleware(authenticator),
+                             RequestLimitsMiddleware(settings.max_body_bytes, settings.body_timeout),
                              QueryParamsMiddleware(document, API_PREFIX + "/")]
     app = falcon.App(middleware=middleware)
     handler = json_handler()
@@ -134,5 +157,4 @@ def create_app(
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(psycopg.OperationalError, _database_down)
     app.add_error_handler(JobQueueError, _domain_error)
-    app.add_error_handler(InvalidToken, _invalid_token)
     return app

@@ -1,13 +1,17 @@
-"""Request hygiene before any resource runs (body size, JSON only), security headers and CORS."""
+"""Request hygiene before any resource runs (body size and deadline, JSON only), security headers, CORS."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import random
 import re
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import falcon
+import structlog
 
 __all__ = [
     "SECURITY_HEADERS",
@@ -29,6 +33,12 @@ SECURITY_HEADERS: dict[str, str] = {
 
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
+log = structlog.get_logger(__name__)
+
+
+class _BodyTimeout(Exception):
+    """The client did not send its body within the deadline."""
+
 
 class SecurityHeadersMiddleware:
     """Adds `SECURITY_HEADERS` to every answer, errors included, and `Cache-Control: no-store`
@@ -43,54 +53,125 @@ class SecurityHeadersMiddleware:
 
 
 class RequestLimitsMiddleware:
-    """Refuses a request body before anything reads it: over `max_body_bytes` (413, judged from
-    Content-Length, or by a bounded read of a chunked body) or not JSON (415)."""
+    """Reads a request body whole, once the caller is authenticated, and hands it on in memory.
 
-    def __init__(self, max_body_bytes: int) -> None:
+    Refused before a byte is read: a declared body over `max_body_bytes` (413) or one that is not
+    JSON (415). Then the body is read under one wall-clock deadline of `body_timeout` seconds
+    (SA_BODY_TIMEOUT) to half as much again: a client that sends it too slowly gets a JSON 408
+    and its connection slot back; a chunked body is cut one byte past the limit (413); a body
+    that ends early or is malformed (an aborted chunked upload) is a 400. Resources then parse
+    the buffered copy.
+
+    NOTE: it runs in `process_resource`, after AuthMiddleware's, so no body byte is ever read for
+    a request without a valid token.
+    """
+
+    def __init__(self, max_body_bytes: int, body_timeout: float) -> None:
         self._max = max_body_bytes
+        self._timeout = body_timeout
 
-    def process_request(self, req: falcon.Request, resp: falcon.Response) -> None:
-        """Checks size, then media type, of any body sent with POST, PUT or PATCH.
+    def process_resource(self, req: falcon.Request, resp: falcon.Response, resource: object,
+                         params: dict[str, Any]) -> None:
+        """Checks size, then media type, then reads any body sent with POST, PUT or PATCH.
 
         Raises:
             falcon.HTTPContentTooLarge: the body is larger than the limit.
             falcon.HTTPUnsupportedMediaType: a body that is not `application/json` (UTF-8).
             falcon.HTTPInvalidHeader: Content-Length is not a number.
+            falcon.HTTPError: 408 when the body did not arrive within the deadline.
+            falcon.HTTPBadRequest: the body ended early or its chunked framing is broken.
         """
-        if req.method not in _BODY_METHODS:
+        if req.method not in _BODY_METHODS or resource is None:
             return
         length = req.content_length
         chunked = "chunked" in (req.get_header("Transfer-Encoding") or "").lower()
         if length is not None and length > self._max:
             raise self._too_large()
-        if length is None and chunked:
-            length = self._buffer_chunked(req)
-        if length and not _is_json(req.content_type):
+        if not length and not chunked:
+            return
+        if not _is_json(req.content_type):
             raise falcon.HTTPUnsupportedMediaType(
                 title="Unsupported media type",
                 description="Request bodies must be JSON: send Content-Type: application/json.",
             )
-
-    def _buffer_chunked(self, req: falcon.Request) -> int:
-        """Reads a chunked body (no Content-Length) up to the limit, and hands it on as a plain one.
-
-        The WSGI server de-chunks `wsgi.input` and ends it at the last chunk; reading one byte
-        past the limit tells an oversized body without holding more of it.
-        """
-        data = req.stream.read(self._max + 1)
-        if len(data) > self._max:
-            raise self._too_large()
+        data = self._read(req.env, length)
         # NOTE: Falcon wraps wsgi.input lazily (bounded_stream), sized by CONTENT_LENGTH; no
         # resource has read it yet, so the buffered body takes its place.
-        req.env["wsgi.input"] = io.BytesIO(data)
+        req.env["wsgi.input"] = req.stream = io.BytesIO(data)
         req.env["CONTENT_LENGTH"] = str(len(data))
-        return len(data)
+
+    def _read(self, env: dict[str, Any], length: int | None) -> bytes:
+        """Reads `length` bytes, or a chunked body (None) up to one byte past the limit."""
+        # NOTE: jittered, so that a thousand slow clients that arrived together (and reconnect
+        # together) are not all answered in the same instant, a burst that would stall every
+        # other request of the process for as long as it takes to answer them.
+        timeout = self._timeout * random.uniform(1.0, 1.5)
+        try:
+            with _deadline(timeout, env):
+                data: bytes = env["wsgi.input"].read(self._max + 1 if length is None else length)
+        except _BodyTimeout:
+            log.info("http.body_timeout", timeout_s=round(timeout, 3))
+            raise falcon.HTTPError(
+                falcon.HTTP_408, title="Request timeout",
+                description=f"The request body did not arrive within {timeout:.1f} s.",
+            ) from None
+        except Exception as exc:
+            # NOTE: the WSGI server raises its own types for a client that hung up mid-body or
+            # broke the chunked framing; whichever it is, the request is the client's fault.
+            log.info("http.body_unreadable", error=type(exc).__name__)
+            raise _incomplete() from None
+        if length is None and len(data) > self._max:
+            raise self._too_large()
+        if length is not None and len(data) < length:
+            raise _incomplete()
+        return data
 
     def _too_large(self) -> falcon.HTTPError:
         return falcon.HTTPContentTooLarge(
             title="Request body too large",
             description=f"The body may be at most {self._max} bytes.",
         )
+
+
+def _incomplete() -> falcon.HTTPBadRequest:
+    return falcon.HTTPBadRequest(
+        title="Incomplete body",
+        description="The request body ended early or its chunked framing is malformed.",
+    )
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float, env: Mapping[str, Any]) -> Iterator[None]:
+    """Raises _BodyTimeout from a body read that runs past `seconds` of wall-clock time.
+
+    Under gunicorn's gevent worker (the Procfile's) a gevent.Timeout interrupts the read however
+    the client spaces its bytes. Under a threaded or sync worker the socket's timeout bounds each
+    wait for a byte instead (a client dripping one byte per wait can stretch that). A body already
+    in memory (tests' WSGI client) needs no deadline.
+    """
+    if _gevent_patched():
+        import gevent  # type: ignore[import-untyped]
+
+        with gevent.Timeout(seconds, _BodyTimeout):
+            yield
+        return
+    sock = env.get("gunicorn.socket")
+    if sock is None:
+        yield
+        return
+    previous = sock.gettimeout()
+    sock.settimeout(seconds)
+    try:
+        yield
+    except TimeoutError:
+        raise _BodyTimeout() from None
+    finally:
+        sock.settimeout(previous)
+
+
+def _gevent_patched() -> bool:
+    monkey = sys.modules.get("gevent.monkey")
+    return monkey is not None and bool(monkey.is_module_patched("socket"))
 
 
 class QueryParamsMiddleware:
@@ -117,9 +198,9 @@ class QueryParamsMiddleware:
         Raises:
             falcon.HTTPInvalidParam: a parameter the route does not take.
         """
-        if resource is None or not req.path.startswith(self._prefix) or not req.params:
-            return
         template = re.sub(r"\{(\w+):\w+\}", r"{\1}", req.uri_template or "")
+        if resource is None or not template.startswith(self._prefix) or not req.params:
+            return
         allowed = self._allowed.get((req.method, template))
         if allowed is None:
             return  # NOTE: OPTIONS (CORS preflight) and the like, answered by Falcon itself

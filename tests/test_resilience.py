@@ -1,11 +1,17 @@
-"""Outages: the web answers a JSON 503 while Postgres is unreachable; worker and web recover alone."""
+"""Outages: the web answers a JSON 503 while Postgres is unreachable, and only then; worker and web
+recover alone; connections the server closed while idle are replaced before anyone notices."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 
 import falcon.testing
+import httpx
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
@@ -15,9 +21,10 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
 from service.app import create_app
-from tests.conftest import WorkerHarness, fetch_one, wait_for
+from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 from tests.helpers import submit
 from tests.tcp_proxy import TcpProxy
+from tests.test_sse import gunicorn
 
 
 @pytest.fixture
@@ -80,3 +87,71 @@ def test_worker_survives_a_database_outage_and_loses_nothing(
     finally:
         harness.stop_all()
         harness.pool.close()
+
+
+def idle_pids(pool: ConnectionPool[DictConnection], count: int) -> list[int]:
+    """Opens `count` connections in `pool` at once and returns their backend pids, left idle."""
+    with contextlib.ExitStack() as stack:
+        conns = [stack.enter_context(pool.connection()) for _ in range(count)]
+        return [conn.info.backend_pid for conn in conns]
+
+
+def terminate(pool: ConnectionPool[DictConnection], pids: list[int]) -> None:
+    with pool.connection() as conn:
+        conn.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", (pids,))
+    wait_for(lambda: fetch_one(pool, "SELECT count(*) AS n FROM pg_stat_activity "
+                                     "WHERE pid = ANY(%s)", pids)["n"] == 0)
+
+
+def test_killed_idle_connections_are_replaced_before_a_request_notices(
+    settings: Settings, pool: ConnectionPool[DictConnection], auth: dict[str, str],
+) -> None:
+    web_pool = open_pool(settings.database_url, name="web-killed", max_size=6, checkout_timeout=2.0)
+    try:
+        client = falcon.testing.TestClient(create_app(settings, web_pool))
+        terminate(pool, idle_pids(web_pool, 6))
+        for i in range(3):
+            submit(client, auth, text=f"after the kill {i}")
+        assert client.simulate_get("/readyz").status_code == 200
+    finally:
+        web_pool.close()
+
+
+def test_an_outage_that_is_over_answers_no_503(
+    proxied: Settings, proxy: TcpProxy, auth: dict[str, str],
+) -> None:
+    web_pool = open_pool(proxied.database_url, name="web-over", max_size=4, checkout_timeout=2.0)
+    try:
+        client = falcon.testing.TestClient(create_app(proxied, web_pool))
+        idle_pids(web_pool, 4)
+        proxy.cut()
+        proxy.restore()
+        submit(client, auth, text="right after the outage")
+
+        proxy.cut()
+        during = client.simulate_post("/sa-core/v1/prompt", json={"text": "during"}, headers=auth)
+        assert during.status_code == 503
+        proxy.restore()
+        submit(client, auth, text="right after the second outage")
+    finally:
+        web_pool.close()
+
+
+def test_the_gevent_web_process_replaces_killed_connections_without_a_503(
+    settings: Settings, tmp_path: Path, pool: ConnectionPool[DictConnection],
+    auth: dict[str, str],
+) -> None:
+    name = f"sa-web-{uuid.uuid4().hex[:8]}"
+    with gunicorn(settings, tmp_path, PGAPPNAME=name) as base, \
+            httpx.Client(base_url=base, headers=auth, timeout=10) as http:
+        # NOTE: concurrent submits grow the web's pool past one connection.
+        with ThreadPoolExecutor(8) as burst:
+            assert set(burst.map(lambda i: http.post("/sa-core/v1/prompt", json={"text": f"b{i}"})
+                                 .status_code, range(40))) == {202}
+        pids = [row["pid"] for row in fetch_all(
+            pool, "SELECT pid FROM pg_stat_activity WHERE application_name = %s", name)]
+        assert len(pids) >= 2
+        terminate(pool, pids)
+        answers = [http.post("/sa-core/v1/prompt", json={"text": f"after {i}"}).status_code
+                   for i in range(5)]
+        assert answers == [202] * 5

@@ -26,7 +26,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from jobqueue.core.tokens import Caller, create_token
+from jobqueue.core.tokens import Authenticator, Caller, create_token
 from service.app import create_app
 from service.auth import AuthMiddleware
 from service.event_hub import EventHub, HubConfig, SubscriptionClosed, replay_events
@@ -263,7 +263,7 @@ def test_a_malformed_last_event_id_is_a_400(
 def test_an_idle_stream_gets_keepalive_comments(
     pool: ConnectionPool[DictConnection], hub: EventHub, auth: dict[str, str],
 ) -> None:
-    app = falcon.App(middleware=[AuthMiddleware(pool)])
+    app = falcon.App(middleware=[AuthMiddleware(Authenticator(pool))])
     app.add_route(EVENTS, MissionEvents(pool, hub, keepalive=0.05))
     stream = open_wsgi_stream(app, auth, stop_when=lambda s: s.comments.count("keepalive") >= 2)
     assert stream.done.wait(10)

@@ -18,7 +18,6 @@ from jobqueue.core.settings import Settings
 from jobqueue.operator.cli import main
 from jobqueue.operator.token_commands import parse_expiry
 from service.app import create_app
-from service.auth import DEFERRED_MAX_BODY_BYTES
 from tests.conftest import fetch_one
 
 JOBS = "/sa-core/v1/mission/recent"
@@ -73,12 +72,10 @@ def jobs_written(pool: ConnectionPool[DictConnection]) -> int:
 
 
 @pytest.mark.parametrize("cap", [0, 100], ids=["uncapped", "capped"])
-def test_a_submit_checks_its_token_in_the_enqueue_and_a_revoke_or_expiry_applies_at_once(
+def test_a_submit_checks_its_token_and_a_revoke_or_expiry_applies_at_once(
     settings: Settings, pool: ConnectionPool[DictConnection], cli: pytest.CaptureFixture[str],
     cap: int,
 ) -> None:
-    # NOTE: POST /prompt has no lookup of its own (the enqueue statement checks the token, or
-    # the capped path looks it up before the org's lock); both must refuse at once.
     client = falcon.testing.TestClient(create_app(replace(settings, org_max_queued=cap), pool))
     revoked, expiring = created(cli), created(cli)
     for issued in (revoked, expiring):
@@ -99,11 +96,10 @@ def test_a_submit_checks_its_token_in_the_enqueue_and_a_revoke_or_expiry_applies
 def test_a_submit_with_a_bad_token_answers_401_whatever_its_body(
     client: falcon.testing.TestClient,
 ) -> None:
-    large = {"text": "x" * DEFERRED_MAX_BODY_BYTES, "unknown": 1}
+    large = {"text": "x" * 20_000, "unknown": 1}
     refused = client.simulate_post(PROMPT, json=large, headers=bearer("sa_not-a-real-token"))
     assert refused.status_code == 401 and refused.json["title"] == "Invalid token"
-    # NOTE: a small body's token is checked by the enqueue statement, or, when the body is
-    # refused, just before that answer: a bad token always answers 401 and learns nothing more.
+    # NOTE: the token is checked before the body is read: a bad one learns nothing more.
     for body in ({"unknown": 1}, {"text": ""}, [1]):
         small = client.simulate_post(PROMPT, json=body, headers=bearer("sa_not-a-real-token"))
         assert small.status_code == 401 and small.json["title"] == "Invalid token", body
@@ -176,7 +172,7 @@ def test_the_fetched_digest_is_compared_in_constant_time(
         return original(a, b)
 
     monkeypatch.setattr(tokens.hmac, "compare_digest", spy)
-    assert tokens.authenticate(pool, token) == tokens.Caller(1, 10)
+    assert tokens.Authenticator(pool).authenticate(token) == tokens.Caller(1, 10)
     assert seen == [(tokens.hash_token(token), tokens.hash_token(token))]
     stored = fetch_one(pool, "SELECT token_hash FROM sa_api_token")["token_hash"]
     assert bytes(stored) == tokens.hash_token(token) and token.encode() not in bytes(stored)

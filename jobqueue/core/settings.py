@@ -126,6 +126,8 @@ class Settings:
     sse_keepalive: float = 15.0
     sse_token_check: float = 5.0
     sse_replay_limit: int = 1000
+    body_timeout: float = 10.0
+    token_cache_ttl: float = 2.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -178,6 +180,8 @@ class Settings:
             sse_keepalive=_float(env, "SA_SSE_KEEPALIVE", 15.0),
             sse_token_check=_float(env, "SA_SSE_TOKEN_CHECK", 5.0),
             sse_replay_limit=_int(env, "SA_SSE_REPLAY_LIMIT", 1000),
+            body_timeout=_float(env, "SA_BODY_TIMEOUT", 10.0),
+            token_cache_ttl=_float(env, "SA_TOKEN_CACHE_TTL", 2.0, minimum=-1.0),
         )
 
     @property

@@ -7,8 +7,9 @@ cannot invert SHA-256 cannot steer the digest byte by byte toward a stored one: 
 digest of my guess shares a prefix with some stored digest" says nothing about any token. As
 defense in depth, the digest the database returns is compared with the presented one again with
 `hmac.compare_digest`, so the answer never depends on a non-constant-time comparison in Python.
-POST /prompt checks its token inside the enqueue statement instead (`BearerToken`), by the same
-index lookup; there no digest comes back to Python, so nothing is compared there at all.
+
+`Authenticator` may remember a valid token's caller for a short while (the web's hot path then
+skips the lookup's round trip); a revoke notifies every web process, which forgets it at once.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -24,8 +27,8 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import token as q
 
-__all__ = ["BearerToken", "Caller", "InvalidToken", "IssuedToken", "RevokedToken", "authenticate",
-           "create_token", "hash_token", "issue_token", "revoke_token"]
+__all__ = ["Authenticator", "Caller", "IssuedToken", "RevokedToken", "create_token", "hash_token",
+           "issue_token", "revoke_token"]
 
 TOKEN_PREFIX = "sa_"
 
@@ -38,10 +41,6 @@ class Caller:
     user_id: int
 
 
-class InvalidToken(Exception):
-    """A presented bearer token is unknown, revoked or expired."""
-
-
 def hash_token(token: str) -> bytes:
     """Returns the digest stored for `token`.
 
@@ -49,22 +48,6 @@ def hash_token(token: str) -> bytes:
     compares digests inside the database's unique index, never the secret itself.
     """
     return hashlib.sha256(token.encode("utf-8")).digest()
-
-
-@dataclass(frozen=True)
-class BearerToken:
-    """A token as a request presented it, not yet checked; only its digest is kept.
-
-    A statement can take it in place of a `Caller` and check it itself (jobqueue.engine.enqueue), which
-    spares the request the round trip of a lookup of its own.
-    """
-
-    digest: bytes
-
-    @classmethod
-    def presented(cls, token: str) -> BearerToken:
-        """Returns the unchecked token for the secret a client sent."""
-        return cls(hash_token(token))
 
 
 @dataclass(frozen=True)
@@ -160,11 +143,69 @@ def revoke_token(pool: ConnectionPool[DictConnection], token_or_id: str) -> Revo
                         revoked_at=row["revoked_at"], newly=row["newly"])
 
 
-def authenticate(pool: ConnectionPool[DictConnection], token: str | BearerToken) -> Caller | None:
-    """Returns the caller a token acts for, or None when it is unknown, revoked or expired."""
-    digest = token.digest if isinstance(token, BearerToken) else hash_token(token)
+def _lookup(pool: ConnectionPool[DictConnection], digest: bytes) -> tuple[Caller, float | None] | None:
+    """The caller of an active token and the seconds until it expires (None: never)."""
     with pool.connection() as conn:
         row = conn.execute(q.TOKEN_GET_ACTIVE, (digest,)).fetchone()
     if row is None or not hmac.compare_digest(bytes(row["token_hash"]), digest):
         return None
-    return Caller(org_id=row["org_id"], user_id=row["user_id"])
+    return Caller(org_id=row["org_id"], user_id=row["user_id"]), row["expires_in"]
+
+
+class Authenticator:
+    """Looks tokens up, remembering a valid one's caller for a short while.
+
+    An entry lives `ttl` seconds while `revocations` (set by the web's LISTEN on
+    TOKEN_REVOKED_CHANNEL) says revocations are heard, and only `fallback_ttl` seconds otherwise
+    (SA_LISTEN=0, or the LISTEN connection is down); never past the token's own expiry. Only
+    valid tokens are remembered, so random guesses cannot fill the table; `max_entries` bounds it.
+    `ttl` = `fallback_ttl` = 0 turns caching off: every request is one lookup.
+    """
+
+    def __init__(self, pool: ConnectionPool[DictConnection], *, ttl: float = 0.0,
+                 fallback_ttl: float = 0.0, max_entries: int = 10_000,
+                 revocations: threading.Event | None = None) -> None:
+        self._pool = pool
+        self._ttl = ttl
+        self._fallback_ttl = fallback_ttl
+        self._max_entries = max_entries
+        self.revocations = revocations or threading.Event()
+        # NOTE: digest -> (caller, monotonic time it was looked up, monotonic expiry or inf).
+        self._entries: dict[bytes, tuple[Caller, float, float]] = {}
+        # NOTE: bumped by every forget and clear; a lookup that overlapped one is not remembered,
+        # since its answer may predate the revoke that was just announced.
+        self._generation = 0
+
+    def authenticate(self, token: str) -> Caller | None:
+        """Returns the caller `token` acts for, or None when it is unknown, revoked or expired."""
+        digest = hash_token(token)
+        now = time.monotonic()
+        entry = self._entries.get(digest)
+        ttl = self._ttl if self.revocations.is_set() else self._fallback_ttl
+        if entry is not None and now - entry[1] < ttl and now < entry[2]:
+            return entry[0]
+        generation = self._generation
+        found = _lookup(self._pool, digest)
+        if found is None:
+            self._entries.pop(digest, None)
+            return None
+        caller, expires_in = found
+        if ttl > 0 and generation == self._generation:
+            if len(self._entries) >= self._max_entries:
+                self._entries.clear()
+            expiry = now + expires_in if expires_in is not None else float("inf")
+            self._entries[digest] = (caller, now, expiry)
+        return caller
+
+    def forget(self, payload: str) -> None:
+        """Drops a revoked token (TOKEN_REVOKED_CHANNEL's payload: its digest in hex)."""
+        self._generation += 1
+        try:
+            self._entries.pop(bytes.fromhex(payload), None)
+        except ValueError:
+            self.clear()
+
+    def clear(self) -> None:
+        """Drops every entry: revocations may have been missed (the LISTEN reconnected)."""
+        self._generation += 1
+        self._entries.clear()

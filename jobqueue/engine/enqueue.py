@@ -18,7 +18,7 @@ from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.core.queries import entity as q
 from jobqueue.core.queries import idempotency as idempotency_q
 from jobqueue.core.settings import KEY_TTL_SECONDS
-from jobqueue.core.tokens import BearerToken, Caller, InvalidToken, authenticate
+from jobqueue.core.tokens import Caller
 from jobqueue.engine.idempotency import request_fingerprint
 
 __all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "enqueue"]
@@ -40,19 +40,18 @@ _ENQUEUED_TRANSITION = metrics.TRANSITIONS.labels(from_state="none", to_state="q
 
 @dataclass(frozen=True)
 class Enqueued:
-    """What a submit returns: both ids, the job's first state, and whom it was written for."""
+    """What a submit returns: both ids, the job's first state, and whether it was a replay."""
 
     prompt_id: uuid.UUID
     job_id: uuid.UUID
     state: str
     created_at: datetime
-    caller: Caller
     replayed: bool = False
 
 
 def enqueue(
     pool: ConnectionPool[DictConnection],
-    caller: Caller | BearerToken,
+    caller: Caller,
     text: str,
     *,
     parent_id: uuid.UUID | None = None,
@@ -66,8 +65,7 @@ def enqueue(
 
     Args:
         pool: database pool.
-        caller: org and user the prompt belongs to, or the bearer token of the request, which
-            the enqueue statement then checks itself (one round trip instead of two).
+        caller: org and user the prompt belongs to (authenticated by the caller).
         text: the prompt text (validated by the caller: non-empty, no NUL).
         parent_id: the entity this prompt continues, in the caller's org.
         priority: 0 (most urgent) to 100.
@@ -82,24 +80,15 @@ def enqueue(
         The new ids and state (or the original ones, for a replay).
 
     Raises:
-        InvalidToken: `caller` is a token that is unknown, revoked or expired.
         InvalidInput: `parent_id` names no entity of the caller's org.
         IdempotencyKeyReused: the key is bound to a different request.
         QueueFull: the org already has `max_queued` queued jobs.
     """
     opts = options or {}
-    if isinstance(caller, BearerToken) and max_queued > 0:
-        # NOTE: the org's enqueue lock is taken before the enqueue statement, so the org must be
-        # known first: a capped submit looks its token up on its own.
-        known = authenticate(pool, caller)
-        if known is None:
-            raise InvalidToken()
-        caller = known
     params: dict[str, Any] = {
         "parent_id": parent_id,
-        "org_id": caller.org_id if isinstance(caller, Caller) else None,
-        "user_id": caller.user_id if isinstance(caller, Caller) else None,
-        "token_hash": caller.digest if isinstance(caller, BearerToken) else None,
+        "org_id": caller.org_id,
+        "user_id": caller.user_id,
         "text": text,
         "priority": priority,
         "max_attempts": max_attempts,
@@ -115,26 +104,23 @@ def enqueue(
         params["prompt_id"], params["job_id"] = uuid.uuid4(), uuid.uuid4()
         with pool.connection() as conn:
             row = _insert(conn, params, max_queued)
-            if row["org_id"] is None:
-                raise InvalidToken()
-            who = Caller(org_id=row["org_id"], user_id=row["user_id"])
             if row["id"] is None and idempotency_key is not None:
                 key_row = conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
-                    "org_id": who.org_id, "user_id": who.user_id, "key": idempotency_key,
+                    "org_id": caller.org_id, "user_id": caller.user_id, "key": idempotency_key,
                     "ttl": KEY_TTL_SECONDS}).fetchone()
                 if key_row is not None:
-                    replayed = _replay(key_row, params["request_hash"], who)
+                    replayed = _replay(key_row, params["request_hash"])
                     log.info("job.enqueue_replayed", job_id=str(replayed.job_id),
-                             prompt_id=str(replayed.prompt_id), org_id=who.org_id)
+                             prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
                     return replayed
         if row["id"] is not None:
             metrics.ENQUEUED.inc()
             _ENQUEUED_TRANSITION.inc()
             log.info("job.enqueued", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),
-                     org_id=who.org_id, user_id=who.user_id, from_state=None,
+                     org_id=caller.org_id, user_id=caller.user_id, from_state=None,
                      to_state="queued", priority=priority)
             return Enqueued(prompt_id=row["prompt_id"], job_id=row["id"], state=row["state"],
-                            created_at=row["created_at"], caller=who)
+                            created_at=row["created_at"])
         if not row["parent_ok"]:
             raise InvalidInput(f"parent_id {parent_id} does not name an existing entity")
         if not row["under_cap"]:
@@ -161,11 +147,11 @@ def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int) -> Ro
     return row
 
 
-def _replay(key_row: Row, request_hash: bytes, caller: Caller) -> Enqueued:
+def _replay(key_row: Row, request_hash: bytes) -> Enqueued:
     """Answers a repeated key: the original ids when the request is the same, else an error."""
     if not hmac.compare_digest(bytes(key_row["request_hash"]), request_hash):
         raise IdempotencyKeyReused(
             "this Idempotency-Key was already used with a different request body; "
             "use a new key for a new request")
     return Enqueued(prompt_id=key_row["prompt_id"], job_id=key_row["job_id"], state="queued",
-                    created_at=key_row["created_at"], caller=caller, replayed=True)
+                    created_at=key_row["created_at"], replayed=True)

@@ -148,7 +148,7 @@ class MissionEvents:
         self._hub.ensure_started()
         try:
             sub = self._hub.subscribe(caller.org_id, None if org_wide else caller.user_id,
-                                      req.context.token.digest)
+                                      req.context.token_digest)
         except StreamLimitExceeded as exc:
             raise falcon.HTTPTooManyRequests(title="Too many event streams",
                                              description=exc.description,

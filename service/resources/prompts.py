@@ -9,9 +9,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from jobqueue.core.tokens import BearerToken, authenticate
 from jobqueue.engine.enqueue import enqueue
-from service.auth import invalid_token
 from service.lookup import get_prompt
 from service.validation import parse_idempotency_key, parse_prompt
 
@@ -35,24 +33,13 @@ class PromptCollection:
         With an Idempotency-Key already used for the same request, answers the original ids
         with `Idempotent-Replayed: true` and writes nothing.
         """
-        # NOTE: AuthMiddleware leaves the token unchecked on this route (DEFERRED_ROUTES) unless
-        # the body is large; the enqueue statement then checks it (InvalidToken answers 401).
-        caller = getattr(req.context, "caller", None) or req.context.token
-        try:
-            key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
-            request = parse_prompt(req.get_media(), self._max_chars)
-        except falcon.HTTPError:
-            # NOTE: a client without a valid token learns nothing about its request: the
-            # deferred token is looked up before any 4xx about the body is answered.
-            if isinstance(caller, BearerToken) and authenticate(self._pool, caller) is None:
-                raise invalid_token() from None
-            raise
+        key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
+        request = parse_prompt(req.get_media(), self._max_chars)
         done = enqueue(
-            self._pool, caller, request.text, parent_id=request.parent_id,
+            self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
         )
-        req.context.caller = done.caller
         resp.status = falcon.HTTP_202
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")

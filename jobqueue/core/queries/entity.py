@@ -3,15 +3,11 @@
 __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB"]
 
 # NOTE: one statement, so enqueue costs one round trip and is atomic in autocommit mode: the
-# caller's token is checked, and the prompt, its job and the idempotency key row are written,
-# together or not at all.
-# served by sa_api_token_hash_unique (token_hash) for the token, sa_entity_pkey (id) for the
+# prompt, its job and the idempotency key row are written together or not at all. The caller
+# (`org_id`, `user_id`) was authenticated before (service.auth): this statement trusts it.
+# served by sa_entity_pkey (id) for the
 # parent, sa_job_org_queued_idx (org_id) WHERE state = 'queued' (0004_idempotency.sql) for the
 # cap, sa_idempotency_key_pkey for the key.
-# - The caller is `org_id` and `user_id` when `token_hash` is NULL; else the org and user of the
-#   token with that SHA-256 digest, if it is neither revoked nor expired (as TOKEN_GET_ACTIVE).
-#   Checking the token here instead of in a lookup of its own saves POST /prompt a round trip,
-#   and a revoke still takes effect at once: no token is ever cached.
 # - The parent must exist in the caller's org; a prompt inherits its thread's correlation id.
 # - The cap counts the org's queued jobs, stopping at `max_queued` (0 = no cap: LIMIT 0 counts
 #   nothing). Exact only under ORG_ENQUEUE_LOCK, which the caller takes first when a cap is set.
@@ -19,33 +15,22 @@ __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB"]
 #   is: a new key, or one older than `key_ttl` seconds (expired: taken over). A live key, even one
 #   a concurrent transaction is still writing (ON CONFLICT waits for it), writes nothing; the
 #   caller then reads the key row (IDEMPOTENCY_KEY_GET_LIVE) and replays or refuses.
-# The answer is always one row: the caller (NULL for a token that is not valid), the gate's
-# verdicts, and the job's columns (NULL when nothing was written), so the caller tells "invalid
-# token", "unknown parent", "queue full" and "key taken" apart.
+# The answer is always one row: the gate's verdicts and the job's columns (NULL when nothing was
+# written), so the caller tells "unknown parent", "queue full" and "key taken" apart.
 PROMPT_INSERT_WITH_JOB = """
-WITH caller AS (
-    SELECT %(org_id)s::bigint AS org_id, %(user_id)s::bigint AS user_id
-     WHERE %(token_hash)s::bytea IS NULL
-    UNION ALL
-    SELECT org_id, user_id
-      FROM sa_api_token
-     WHERE token_hash = %(token_hash)s
-       AND revoked_at IS NULL
-       AND (expires_at IS NULL OR expires_at > now())
-), parent AS (
+WITH parent AS (
     SELECT e.id, e.correlation_id
-      FROM sa_entity e JOIN caller ON e.org_id = caller.org_id
-     WHERE e.id = %(parent_id)s
+      FROM sa_entity e
+     WHERE e.id = %(parent_id)s AND e.org_id = %(org_id)s
 ), gate AS (
-    SELECT caller.org_id, caller.user_id,
+    SELECT %(org_id)s::bigint AS org_id, %(user_id)s::bigint AS user_id,
            (%(parent_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM parent)) AS parent_ok,
            (%(max_queued)s = 0
             OR (SELECT count(*)
                   FROM (SELECT 1
                           FROM sa_job
-                         WHERE org_id = caller.org_id AND state = 'queued'
+                         WHERE org_id = %(org_id)s AND state = 'queued'
                          LIMIT %(max_queued)s) AS capped) < %(max_queued)s) AS under_cap
-      FROM caller
 ), idempotency AS (
     INSERT INTO sa_idempotency_key AS k (org_id, user_id, key, request_hash, prompt_id, job_id)
     SELECT gate.org_id, gate.user_id, %(idempotency_key)s, %(request_hash)s, %(prompt_id)s,
@@ -75,10 +60,8 @@ WITH caller AS (
       FROM prompt
     RETURNING id, prompt_id, state, created_at
 )
-SELECT gate.org_id, gate.user_id, gate.parent_ok, gate.under_cap, job.id, job.prompt_id,
-       job.state, job.created_at
-  FROM (SELECT 1) AS answer
-  LEFT JOIN gate ON true
+SELECT gate.parent_ok, gate.under_cap, job.id, job.prompt_id, job.state, job.created_at
+  FROM gate
   LEFT JOIN job ON true
 """
 
