@@ -15,6 +15,7 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.claim import ClaimedJob, claim
+from jobqueue.completer import FinishTimeout
 from jobqueue.db import DictConnection
 from jobqueue.executor import Executor, Outcome, RunControl
 from jobqueue.queries import job as q
@@ -220,6 +221,10 @@ class Worker:
     def _run_job(self, run: _Run) -> None:
         try:
             self.executor.run_claimed(run.job, run.control)
+        except FinishTimeout:
+            # NOTE: no second finalize to queue behind a wedged writer: without heartbeats the
+            # job goes stale and the reclaimer requeues it.
+            self.log.error("job.finalize_timeout", job_id=str(run.job.id))
         except Exception as exc:
             self.log.exception("job.run_error", job_id=str(run.job.id))
             try:
