@@ -115,8 +115,10 @@ class Venv:
         return self.path / "bin" / "python"
 
 
-PEERS_VENV = Venv("peers", ("pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]"), this_python)
-OBAN_VENV = Venv("oban", ("oban",), python_312_or_later)
+# NOTE: aiohttp is the HTTP client of bench/llm_shaped.py's tasks.
+PEERS_VENV = Venv("peers", ("pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]", "aiohttp"),
+                  this_python)
+OBAN_VENV = Venv("oban", ("oban", "aiohttp"), python_312_or_later)
 
 
 def _tail(text: str, lines: int = 6) -> str:
