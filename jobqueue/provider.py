@@ -430,7 +430,8 @@ def _idle_socket_readable(sock: socket.socket) -> bool:
 
 
 def _text(data: bytes) -> str:
-    return data[:_MESSAGE_LIMIT].decode("utf-8", "replace")
+    """The start of a body for an error message, in text Postgres can store (no NUL)."""
+    return data[:_MESSAGE_LIMIT].decode("utf-8", "replace").replace("\x00", "\ufffd")
 
 
 def _elapsed_ms(started: float) -> int:

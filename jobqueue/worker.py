@@ -1,4 +1,9 @@
-"""The worker loop: claim as many jobs as there are free slots, hand them to job threads, heartbeat them."""
+"""The worker loop: claim as many jobs as there are free slots, hand them to job threads, heartbeat them.
+
+`sa-core run-worker` runs it monkey-patched by gevent (jobqueue/green.py): every job thread is a
+greenlet, so a slot costs a few kilobytes and a provider call in flight no CPU while it waits.
+Embedded unpatched (the tests do), the same code runs on OS threads.
+"""
 
 from __future__ import annotations
 
@@ -22,9 +27,10 @@ from jobqueue.queries import job as q
 
 __all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
 
-# NOTE: provider calls take seconds and job threads mostly wait on the network, so a process runs
-# many at once; the provider's rate limits, not the CPU, usually set the useful maximum.
-DEFAULT_CONCURRENCY = 32
+# NOTE: provider calls take seconds and a job mostly waits on the network, so a process runs
+# many at once. 512 greenlets in flight cost about 60 MiB and, at one-second answers, half a
+# core (bench/llm_shaped.py); the provider's rate limits usually set the useful maximum.
+DEFAULT_CONCURRENCY = 512
 
 log = structlog.get_logger(__name__)
 
