@@ -1,13 +1,14 @@
 """LLM-shaped load: one worker process holding many provider calls that each take a second.
 
 Usage: .venv/bin/python -m bench.llm_shaped [--inflight 64,256,1024,2048] [--seconds 8]
-       [--latency 1.0] [--only sa-core,pgqueuer,oban]
+       [--latency 1.0] [--only sa-core,sa-core-threads,pgqueuer,oban]
 
 One provider (bench/slow_provider.py: raw asyncio, answers every call after `--latency`
 seconds) serves every run. For each in-flight count C, each contender gets a fresh database
 with max(512, C x seconds / latency) jobs queued, then one worker process at concurrency C
 burns them down while each job makes one chat-completion call: sa-core is the real
-`sa-core run-worker --concurrency C` (full jobs: response entity, ledger, events), pgqueuer and
+`sa-core run-worker --concurrency C` (full jobs: response entity, ledger, events; under gevent,
+jobqueue/green.py), sa-core-threads the same command left on OS threads, pgqueuer and
 oban run their worker with a task that makes the same call through aiohttp (bench/peers.py's
 runners and cached virtual environments, `llm` mode). Printed per run: jobs/s, jobs/s as a
 fraction of the ideal C / latency, the worker's CPU per job and peak RSS, and jobs/s against
@@ -33,7 +34,10 @@ from jobqueue.embedded_db import admin_conninfo
 
 __all__ = ["main"]
 
-CONTENDERS = ("sa-core", "pgqueuer", "oban")
+CONTENDERS = ("sa-core", "sa-core-threads", "pgqueuer", "oban")
+# NOTE: the worker as it ran before gevent (an OS thread per slot), for the model comparison.
+THREADS = Contender("sa-core-threads", None, "bench.peer_runners.sa_core", migrated=True,
+                    extra=("--variant", "threads"))
 
 
 def start_provider(latency: float) -> tuple[subprocess.Popen[str], str]:
@@ -57,6 +61,8 @@ def run(rows: list[Contender], counts: list[int], url: str, args: argparse.Names
         base: float | None = None
         for contender in rows:
             if contender.error:
+                table.append([str(inflight), contender.name, str(jobs), "-", contender.error[:60],
+                              "", "", ""])
                 continue
             runner = dataclasses.replace(contender, extra=(*contender.extra, "--provider-url", url))
             run_args = argparse.Namespace(concurrency=inflight, timeout=args.timeout, pickup_budget=0)
@@ -93,7 +99,7 @@ def main() -> None:
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    known = {c.name: c for c in contenders() if c.name in CONTENDERS}
+    known = {c.name: c for c in [*contenders(), THREADS] if c.name in CONTENDERS}
     rows = [known[name.strip()] for name in args.only.split(",") if name.strip()]
     prepare(rows, args.reinstall)
     counts = [int(n) for n in args.inflight.split(",")]

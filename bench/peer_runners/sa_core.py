@@ -12,7 +12,9 @@ a queued job written by `jobqueue.enqueue.enqueue`, one call (one commit) each.
   pick-up uses whatever wake-up it ships with. Task start is not observable from outside the
   worker, so it is taken as the job's `running` event (`sa_job_event.at`, clock_timestamp()
   inside the claim statement): a little earlier than the task's real start.
-- llm (full only): the burn-down against `--provider-url` instead of the fake provider; also
+- threads: as full, but `run-worker` without gevent's monkey-patching (one OS thread per job
+  slot, the model before gevent), for bench/llm_shaped.py's comparison.
+- llm (full and threads): the burn-down against `--provider-url` instead of the fake provider; also
   reports the worker process's CPU seconds and peak RSS (from /proc) at the end.
 - noop: the same Worker, Executor and finalize in this process, with a provider stub that
   answers at once without HTTP (still a full finalize: response, edge, ledger, events), and a
@@ -70,6 +72,9 @@ JOB_STATE = "SELECT state FROM sa_job WHERE id = %s"
 STATE_COUNT = "SELECT count(*) FROM sa_job WHERE state = %s"
 LAST_SUCCEEDED_AT = ("SELECT extract(epoch FROM max(at))::float8 FROM sa_job_event "
                      "WHERE to_state = 'succeeded'")
+
+
+THREADED_CLI = "import sys; from jobqueue.cli import main; sys.exit(main(sys.argv[2:]))"
 
 
 class StubProvider(Provider):
@@ -160,7 +165,7 @@ class Runner:
     @contextmanager
     def worker(self) -> Iterator[None]:
         try:
-            if self.variant == "full":
+            if self.variant in ("full", "threads"):
                 self._start_processes()
             else:
                 self._start_in_process()
@@ -196,8 +201,11 @@ class Runner:
             wait_http(f"http://127.0.0.1:{port}/healthz")
             provider_url = f"http://127.0.0.1:{port}"
         env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": provider_url}
-        worker = spawn([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
-                        str(self.concurrency)], env)
+        command = [str(VENV_BIN / "sa-core")]
+        if self.variant == "threads":
+            # NOTE: argv[1] is not `run-worker`, so jobqueue/green.py leaves threads as they are.
+            command = [sys.executable, "-c", THREADED_CLI, "--"]
+        worker = spawn([*command, "run-worker", "--concurrency", str(self.concurrency)], env)
         self.procs.append(worker)
         self.stops.append(lambda: _end(worker))
 
@@ -248,9 +256,9 @@ def burndown(url: str, runner: Runner, jobs: int, timeout: float) -> dict[str, A
     usage: dict[str, float] = {}
     with runner.worker():
         finished = last_success(url, jobs, runner.alive, timeout)
-        if runner.variant == "full":
+        if runner.variant != "noop":
             usage = runner.worker_usage()
-    if runner.variant == "full":
+    if runner.variant != "noop":
         with psycopg.connect(url) as conn:
             row = conn.execute(FIRST_RUNNING_AT).fetchone()
         assert row is not None
@@ -285,7 +293,7 @@ def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, A
                     row = conn.execute(RUNNING_AT, (job_id,)).fetchone()
                 assert row is not None
                 claimed = float(row["at"])
-                started = claimed if runner.variant == "full" else runner.stub.calls[text]
+                started = claimed if runner.variant != "noop" else runner.stub.calls[text]
                 if seq >= 0:
                     latencies.append((started - committed) * 1000)
                     claims.append((claimed - committed) * 1000)
@@ -298,7 +306,7 @@ def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, A
 
 def main() -> None:
     parser = build_parser()
-    parser.add_argument("--variant", choices=["full", "noop"], default="full")
+    parser.add_argument("--variant", choices=["full", "threads", "noop"], default="full")
     args = parser.parse_args()
     configure_logging()
     # NOTE: the in-process worker logs JSON lines like `sa-core run-worker` does; they go where
@@ -309,7 +317,8 @@ def main() -> None:
         result = burndown(args.database_url, runner, args.count, args.timeout)
     else:
         result = pickup(args.database_url, runner, args.count, args.budget)
-    emit({"ok": True, "library": "sa-core" if args.variant == "full" else "sa-core/no-op",
+    emit({"ok": True, "library": {"full": "sa-core", "threads": "sa-core/threads"}.get(
+              args.variant, "sa-core/no-op"),
           "version": version("sa-core"), "python": sys.version.split()[0], "mode": args.mode,
           "concurrency": args.concurrency, "variant": args.variant, **result})
 
