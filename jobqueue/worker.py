@@ -13,7 +13,8 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import partial
 
 import psycopg
 import structlog
@@ -75,7 +76,7 @@ class WorkerConfig:
 @dataclass
 class _Run:
     job: ClaimedJob
-    control: RunControl = field(default_factory=RunControl)
+    control: RunControl
 
 
 class Worker:
@@ -98,6 +99,7 @@ class Worker:
         self.worker_id = worker_id or new_worker_id()
         self.log = log.bind(worker_id=self.worker_id)
         self._inflight: dict[uuid.UUID, _Run] = {}
+        self._finishing: set[uuid.UUID] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._idle = threading.Condition(self._lock)
@@ -184,9 +186,25 @@ class Worker:
                 return 0.0
         return min(self.config.poll_interval, remaining)
 
+    def _busy_slots(self) -> int:
+        """Slots taken: jobs held, less those past their provider call (up to one per slot).
+
+        PERF: a job whose call is over waits for its batched finalize; its slot takes the next
+        job meanwhile, so --concurrency bounds provider calls in flight, not finalize waits. The
+        cap keeps a slow database from letting held jobs grow past twice the concurrency.
+        """
+        with self._lock:
+            return len(self._inflight) - min(len(self._finishing), self.config.concurrency)
+
+    def _call_returned(self, job_id: uuid.UUID) -> None:
+        with self._lock:
+            if job_id in self._inflight:
+                self._finishing.add(job_id)
+        self._wake.set()
+
     def _claim_round(self) -> bool:
         """Claims for the free slots; True when it filled them all (more may be waiting)."""
-        free = self.config.concurrency - self.inflight
+        free = self.config.concurrency - self._busy_slots()
         limit = min(free, self.config.claim_limit)
         if limit <= 0:
             return False
@@ -197,7 +215,7 @@ class Worker:
             self.log.info("job.claimed", job_id=str(job.id), prompt_id=str(job.prompt_id),
                           org_id=job.org_id, attempt=job.attempt, from_state="queued",
                           to_state="running")
-            run = _Run(job)
+            run = _Run(job, RunControl(partial(self._call_returned, job.id)))
             with self._lock:
                 self._inflight[job.id] = run
                 start_runner = self._idle_runners == 0
@@ -247,6 +265,7 @@ class Worker:
                 self._idle_runners += 1
             if self._inflight.get(run.job.id) is run:
                 del self._inflight[run.job.id]
+                self._finishing.discard(run.job.id)
             self._idle.notify_all()
         self._wake.set()
 
