@@ -29,7 +29,7 @@ from jobqueue.queries import job as q
 __all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
 
 # NOTE: provider calls take seconds and a job mostly waits on the network, so a process runs
-# many at once. 512 greenlets in flight cost about 60 MiB and, at one-second answers, half a
+# many at once. 512 calls in flight cost about 75 MiB and, at one-second answers, a third of a
 # core (bench/llm_shaped.py); the provider's rate limits usually set the useful maximum.
 DEFAULT_CONCURRENCY = 512
 
