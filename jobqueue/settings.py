@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from jobqueue.provider import DEFAULT_MAX_RESPONSE_BYTES
+
 __all__ = ["Settings", "SettingsError"]
 
 
@@ -73,7 +75,7 @@ class Settings:
     provider_api_key: str
     provider_model: str
     provider_timeout: float = 180.0
-    provider_max_response_bytes: int = 8 * 1024 * 1024
+    provider_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     heartbeat_interval: float = 30.0
     stale_after: float = 300.0
     stuck_after: float = 900.0
@@ -110,7 +112,8 @@ class Settings:
             provider_api_key=env.get("SA_PROVIDER_API_KEY", ""),
             provider_model=env.get("SA_PROVIDER_MODEL", "gpt-4o-mini"),
             provider_timeout=_float(env, "SA_PROVIDER_TIMEOUT", 180.0),
-            provider_max_response_bytes=_int(env, "SA_PROVIDER_MAX_RESPONSE_BYTES", 8 * 1024 * 1024),
+            provider_max_response_bytes=_int(env, "SA_PROVIDER_MAX_RESPONSE_BYTES",
+                                             DEFAULT_MAX_RESPONSE_BYTES),
             heartbeat_interval=_float(env, "SA_HEARTBEAT_INTERVAL", 30.0),
             stale_after=_float(env, "SA_STALE_AFTER", 300.0),
             stuck_after=_float(env, "SA_STUCK_AFTER", 900.0),
