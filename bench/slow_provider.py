@@ -5,7 +5,8 @@ Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0]
 A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
 2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
 then measures the worker, not this server. Keep-alive HTTP/1.1, Content-Length bodies only. It
-prints `listening on PORT` once it is ready and reports calls answered on SIGTERM.
+prints `listening on PORT` once it is ready and reports calls answered (and connections) on
+SIGTERM.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class ProviderProtocol(asyncio.Protocol):
     """One connection: reads a request, answers it `latency` seconds later, waits for the next."""
 
     answered = 0
+    connections = 0
 
     def __init__(self, latency: float) -> None:
         self._latency = latency
@@ -41,6 +43,7 @@ class ProviderProtocol(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        ProviderProtocol.connections += 1
 
     def data_received(self, data: bytes) -> None:
         self._buffer += data
@@ -79,7 +82,8 @@ async def serve(port: int, latency: float) -> None:
     print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
     await stop.wait()
     server.close()
-    print(f"answered {ProviderProtocol.answered}", file=sys.stderr, flush=True)
+    print(f"answered {ProviderProtocol.answered} on {ProviderProtocol.connections} connections",
+          file=sys.stderr, flush=True)
 
 
 def main() -> None:
