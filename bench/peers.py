@@ -51,7 +51,6 @@ from psycopg.conninfo import conninfo_to_dict
 
 from bench.common import REPO, format_table, percentile, scratch_database
 from jobqueue.devtools.embedded_db import admin_conninfo
-from jobqueue.runtime.worker import DEFAULT_CONCURRENCY
 
 RUNNERS = REPO / "bench" / "peer_runners"
 VENVS = REPO / ".sa-core" / "bench-venvs"
@@ -115,8 +114,10 @@ class Venv:
         return self.path / "bin" / "python"
 
 
-PEERS_VENV = Venv("peers", ("pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]"), this_python)
-OBAN_VENV = Venv("oban", ("oban",), python_312_or_later)
+# NOTE: aiohttp is the HTTP client of bench/llm_shaped.py's tasks.
+PEERS_VENV = Venv("peers", ("pgqueuer", "asyncpg", "procrastinate", "psycopg[binary]", "aiohttp"),
+                  this_python)
+OBAN_VENV = Venv("oban", ("oban", "aiohttp"), python_312_or_later)
 
 
 def _tail(text: str, lines: int = 6) -> str:
@@ -358,9 +359,10 @@ def main() -> None:
     parser.add_argument("--pickups", type=int, default=200)
     parser.add_argument("--pickup-budget", type=float, default=60.0,
                         help="seconds of pick-up sampling per run at most (a polling worker is slow)")
-    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY,
-                        help="jobs at once in the one worker process of every contender "
-                             "(default: sa-core run-worker's)")
+    # NOTE: oban's pool holds concurrency + 5 connections, so this stays well under the server's
+    # max_connections (sa-core's own default, 512, is for calls that wait on a provider).
+    parser.add_argument("--concurrency", type=int, default=32,
+                        help="jobs at once in the one worker process of every contender")
     parser.add_argument("--only", default=",".join(c.name for c in contenders()))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child run")
     parser.add_argument("--reinstall", action="store_true", help="rebuild the cached venvs")

@@ -150,7 +150,7 @@ def _deadline(seconds: float, env: Mapping[str, Any]) -> Iterator[None]:
     in memory (tests' WSGI client) needs no deadline.
     """
     if _gevent_patched():
-        import gevent  # type: ignore[import-untyped]
+        import gevent
 
         with gevent.Timeout(seconds, _BodyTimeout):
             yield

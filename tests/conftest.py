@@ -153,7 +153,8 @@ class WorkerHarness:
         self.settings = settings
         self.pool = pool
         self.provider = Provider(settings.provider_url, settings.provider_api_key,
-                                 settings.provider_timeout)
+                                 settings.provider_timeout,
+                                 max_response_bytes=settings.provider_max_response_bytes)
         self._running: list[tuple[Worker, threading.Thread]] = []
         self._listeners: list[NotificationListener] = []
         self._completers: list[Completer] = []

@@ -1,4 +1,4 @@
-"""The provider adapter over real HTTP: keep-alive reuse, servers that drop idle connections, many threads."""
+"""The provider adapter over real HTTP: keep-alive reuse, dropped connections, proxies, streams, limits."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import socket
 import ssl
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -17,6 +17,7 @@ import pytest
 from jobqueue.core.policy import ErrorKind
 from jobqueue.devtools.fake_provider import FakeProvider
 from jobqueue.runtime.provider import Provider, ProviderFailure
+from tests.conftest import wait_for
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -236,3 +237,82 @@ def test_an_https_provider_is_reached_through_a_connect_tunnel_and_its_certifica
     assert [h.split(b"\r\n")[0] for h in proxy.heads] == [
         f"CONNECT 127.0.0.1:{target.port} HTTP/1.0".encode()] * 2
     assert target.connections == 2 and len(target.heads) == 1
+
+
+def test_the_base_urls_query_string_and_extra_headers_go_with_every_call(
+    closing_server: _ClosingServer,
+) -> None:
+    provider = Provider(f"http://127.0.0.1:{closing_server.port}/openai/deployments/gpt?api-version=2024-06-01",
+                        "", 5.0, headers={"api-key": "azure-secret"})
+    try:
+        assert provider.complete("m", MESSAGES).content == "hi"
+    finally:
+        provider.close()
+    [head] = closing_server.heads
+    assert head.startswith(
+        b"POST /openai/deployments/gpt/chat/completions?api-version=2024-06-01 HTTP/1.1\r\n")
+    assert b"\r\napi-key: azure-secret" in head
+    assert b"Authorization" not in head
+
+
+def test_a_streamed_answer_is_passed_on_piece_by_piece_and_kept_whole() -> None:
+    pieces: list[str] = []
+    with FakeProvider() as fake:
+        provider = Provider(fake.url, "", 5.0)
+        try:
+            completion = provider.complete("m", MESSAGES, on_delta=pieces.append)
+            again = provider.complete("m", MESSAGES)
+        finally:
+            provider.close()
+        assert fake.received[0]["stream"] is True
+    assert pieces == ["echo[1]:", " user:hello"]
+    assert (completion.content, completion.tokens_in, completion.tokens_out) == (
+        "echo[1]: user:hello", 1, 2)
+    assert again.content == completion.content
+
+
+def test_close_wakes_a_call_that_a_dripping_provider_holds() -> None:
+    failures: list[ProviderFailure] = []
+    with FakeProvider() as fake:
+        provider = Provider(fake.url, "", 60.0)
+
+        def call() -> None:
+            try:
+                provider.complete("m", [{"role": "user", "content": "[fake:drip=0.5]"}])
+            except ProviderFailure as failure:
+                failures.append(failure)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        wait_for(lambda: fake.requests_served == 1)
+        provider.close()
+        caller.join(timeout=5)
+        assert not caller.is_alive()
+    assert [f.kind for f in failures] == [ErrorKind.UNKNOWN]
+
+
+@pytest.mark.parametrize("variable", ["HTTPS_PROXY", "ALL_PROXY"])
+def test_a_bad_proxy_is_a_one_line_error_that_hides_its_password(
+    variable: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    cli: Callable[[list[str]], int],
+) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "socks5://bot:hunter2@proxy.internal:1080")
+    monkeypatch.setenv("SA_PROVIDER_URL", "https://llm.example.com/v1")
+    assert cli(["run-worker", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sa-core: the https proxy must be http://")
+    assert "bot:***@proxy.internal" in err and "hunter2" not in err
+    assert err.count("\n") == 1
+
+
+def test_a_bad_provider_url_is_a_one_line_error_that_hides_its_password(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    cli: Callable[[list[str]], int],
+) -> None:
+    monkeypatch.setenv("SA_PROVIDER_URL", "http://bot:hunter2@llm.internal:eighty/v1")
+    assert cli(["run-worker", "--once"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sa-core: provider URL must be http(s)://")
+    assert "hunter2" not in err and err.count("\n") == 1

@@ -51,6 +51,8 @@ def test_transient_failure_is_requeued_with_backoff_and_then_succeeds(
     ("[fake:400]", "provider_4xx", 400), ("[fake:422]", "provider_4xx", 422),
     ("[fake:401]", "auth", 401), ("[fake:403]", "auth", 403),
     ("[fake:malformed]", "parse", 200), ("[fake:empty]", "parse", 200),
+    # NOTE: valid JSON that Postgres cannot store: one failed call, not paid retries as `unknown`.
+    ("[fake:nul]", "parse", 200), ("[fake:surrogate]", "parse", 200),
 ])
 def test_non_retryable_failures_fail_at_once(
     client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
@@ -118,3 +120,40 @@ def test_provider_timeout_is_retryable_then_terminal(
         assert (job["attempt"], job["error_kind"]) == (2, "timeout")
     finally:
         impatient.stop_all()
+
+
+def test_a_provider_that_drips_fails_the_attempt_as_timeout_at_the_deadline(
+    client: falcon.testing.TestClient, auth: dict[str, str], settings: Settings,
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    # NOTE: a byte every 0.1 s keeps every single read well inside the 0.5 s timeout; only the
+    # call's wall-clock deadline ends it.
+    impatient = WorkerHarness(replace(settings, provider_timeout=0.5), pool)
+    try:
+        job_id = submit(client, auth, text="slowly [fake:drip=0.1]")["job_id"]
+        impatient.build().run(once=True)
+    finally:
+        impatient.stop_all()
+    job = fetch_one(pool, JOB_AND_LAST_CALL, job_id)
+    assert (job["state"], job["attempt"], job["error_kind"]) == ("queued", 2, "timeout")
+    assert "SA_PROVIDER_TIMEOUT=0.5s" in job["error_message"]
+    call = fetch_one(pool, "SELECT latency_ms FROM sa_ledger WHERE job_id = %s", job_id)
+    assert 500 <= call["latency_ms"] < 1500
+
+
+def test_an_answer_past_the_size_cap_fails_once_as_parse(
+    client: falcon.testing.TestClient, auth: dict[str, str], settings: Settings,
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    capped = WorkerHarness(replace(settings, provider_max_response_bytes=4096), pool)
+    try:
+        small = submit(client, auth, text="short [fake:bytes=1000]")["job_id"]
+        large = submit(client, auth, text="long [fake:bytes=5000]")["job_id"]
+        capped.build().run(once=True)
+    finally:
+        capped.stop_all()
+    assert fetch_one(pool, "SELECT state FROM sa_job WHERE id = %s", small)["state"] == "succeeded"
+    job = fetch_one(pool, "SELECT state, attempt, error_kind, error_message FROM sa_job WHERE id = %s",
+                    large)
+    assert (job["state"], job["attempt"], job["error_kind"]) == ("failed", 1, "parse")
+    assert "larger than SA_PROVIDER_MAX_RESPONSE_BYTES=4096" in job["error_message"]

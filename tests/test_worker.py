@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -242,6 +243,33 @@ def test_sigterm_finishes_in_flight_work_releases_the_rest_and_exits_zero(
     assert released == {"state": "queued", "attempt": 1, "worker_claim": None}
     output = worker.stdout.read().decode() if worker.stdout else ""
     assert '"event": "worker.released"' in output
+
+
+def test_sigterm_ends_within_the_grace_while_a_provider_drips(
+    client: falcon.testing.TestClient, auth: dict[str, str], settings: Settings,
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    # NOTE: the call's own deadline (60 s) is far away and every read gets a byte in time; only
+    # the shutdown path can end it: grace, release, then Provider.close() must not wait on it.
+    dripping = submit(client, auth, text="slowly [fake:drip=0.5]")
+    env = {**os.environ, "DATABASE_URL": settings.database_url,
+           "SA_PROVIDER_URL": settings.provider_url, "SA_SHUTDOWN_GRACE": "1",
+           "SA_PROVIDER_TIMEOUT": "60", "SA_POLL_INTERVAL": "0.05"}
+    worker = subprocess.Popen([sys.executable, "-m", "jobqueue.operator.cli", "run-worker"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: fetch_one(pool, "SELECT state FROM sa_job WHERE id = %s",
+                                   dripping["job_id"])["state"] == "running")
+        signalled = time.monotonic()
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=15) == 0
+        assert time.monotonic() - signalled < 5
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+    released = fetch_one(pool, "SELECT state, attempt, worker_claim FROM sa_job WHERE id = %s",
+                         dripping["job_id"])
+    assert released == {"state": "queued", "attempt": 1, "worker_claim": None}
 
 
 def test_migrate_is_idempotent_and_safe_when_run_concurrently(database_url: str) -> None:

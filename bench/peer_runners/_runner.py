@@ -2,13 +2,18 @@
 
 Standard library only: each runner runs under its own library's virtual environment.
 
-A runner is `python <runner>.py DATABASE_URL burndown N` or `... pickup K`, with
-`--concurrency C`. It prints its figures as one JSON line prefixed with `PEER_RESULT `
-(other output, such as library logs, may come before it).
+A runner is `python <runner>.py DATABASE_URL burndown N`, `... llm N` or `... pickup K`, with
+`--concurrency C` (and `--provider-url URL` for llm). It prints its figures as one JSON line
+prefixed with `PEER_RESULT ` (other output, such as library logs, may come before it).
 
 - burndown: enqueue N jobs one at a time (each its own commit) with no worker running
   (enqueues/s), then start one worker and time from the first task start to the moment the
   database shows every job finished (jobs/s).
+- llm: a burn-down whose task makes one chat-completion call to `--provider-url` (bench/llm_shaped.py
+  serves one that answers after a fixed delay) with aiohttp, the asyncio client that holds
+  thousands of calls (httpx.AsyncClient's pool spends milliseconds of CPU per call at these
+  counts; README "Why this concurrency model and HTTP client"). Also reports this process's
+  CPU seconds from the worker's start to the end, and its peak RSS.
 - pickup: with one idle worker running, enqueue one job at a time K times and measure
   enqueue commit (the enqueue call returned) -> task start, both with `time.time()` in this
   one process; a random 20-60 ms pause separates jobs so the worker is idle each time (and
@@ -22,14 +27,15 @@ import argparse
 import asyncio
 import json
 import random
+import resource
 import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-__all__ = ["Adapter", "Probe", "Result", "build_parser", "emit", "main", "measure_burndown", "measure_pickup",
-           "run_on_uvloop"]
+__all__ = ["Adapter", "LlmCall", "Probe", "Result", "build_parser", "emit", "main", "measure_burndown",
+           "measure_pickup", "run_on_uvloop"]
 
 RESULT_PREFIX = "PEER_RESULT "
 WARMUP_JOBS = 5
@@ -87,6 +93,46 @@ class Adapter(Protocol):
 
 Result = dict[str, Any]
 
+# NOTE: the same request body sa-core's worker sends for a one-message prompt.
+LLM_BODY = json.dumps({"model": "bench-model",
+                       "messages": [{"role": "user", "content": "bench prompt"}]}).encode()
+
+
+class LlmCall:
+    """The llm task's HTTP call: one aiohttp session for the process, as many connections as
+    jobs run at once; a no-op when no provider URL was given (burndown)."""
+
+    def __init__(self, url: str | None, concurrency: int) -> None:
+        self.url = None if url is None else url.rstrip("/") + "/chat/completions"
+        self.concurrency = concurrency
+        self.session: Any = None
+
+    async def __call__(self) -> None:
+        if self.url is None:
+            return
+        if self.session is None:
+            import aiohttp  # type: ignore[import-not-found]
+
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.concurrency),
+                timeout=aiohttp.ClientTimeout(total=180))
+        async with self.session.post(self.url, data=LLM_BODY,
+                                     headers={"Content-Type": "application/json",
+                                              "Authorization": "Bearer bench"}) as response:
+            response.raise_for_status()
+            body = await response.json()
+        if not isinstance(body["choices"][0]["message"]["content"], str):
+            raise ValueError("no completion text")
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
 
 async def measure_burndown(adapter: Adapter, probe: Probe, jobs: int, timeout: float) -> Result:
     """Enqueues `jobs` one at a time, then burns them down with one worker."""
@@ -95,6 +141,7 @@ async def measure_burndown(adapter: Adapter, probe: Probe, jobs: int, timeout: f
         await adapter.enqueue(seq)
     enqueue_s = time.perf_counter() - started
     probe.target = jobs
+    cpu_started = _cpu_seconds()
     await adapter.start_worker()
     try:
         await asyncio.wait_for(probe.all_started.wait(), timeout)
@@ -109,7 +156,9 @@ async def measure_burndown(adapter: Adapter, probe: Probe, jobs: int, timeout: f
     assert probe.first_start is not None
     burndown_s = finished - probe.first_start
     return {"jobs": jobs, "enqueue_s": enqueue_s, "enqueue_per_s": jobs / enqueue_s,
-            "burndown_s": burndown_s, "jobs_per_s": jobs / burndown_s}
+            "burndown_s": burndown_s, "jobs_per_s": jobs / burndown_s,
+            "worker_cpu_s": _cpu_seconds() - cpu_started,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 async def measure_pickup(adapter: Adapter, probe: Probe, pickups: int, budget: float) -> Result:
@@ -142,12 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The arguments every runner takes."""
     parser = argparse.ArgumentParser()
     parser.add_argument("database_url")
-    parser.add_argument("mode", choices=["burndown", "pickup"])
+    parser.add_argument("mode", choices=["burndown", "llm", "pickup"])
     parser.add_argument("count", type=int)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--budget", type=float, default=60.0,
                         help="pickup: stop taking samples after this many seconds")
+    parser.add_argument("--provider-url", default=None,
+                        help="llm: the OpenAI-compatible base URL each task calls")
     return parser
 
 
@@ -182,7 +233,7 @@ def main(
         await adapter.setup()
         try:
             measure: Awaitable[Result]
-            if args.mode == "burndown":
+            if args.mode in ("burndown", "llm"):
                 measure = measure_burndown(adapter, probe, args.count, args.timeout)
             else:
                 measure = measure_pickup(adapter, probe, args.count, args.budget)

@@ -1,5 +1,9 @@
 """pgqueuer on asyncpg: a no-op entrypoint, one QueueManager (its `pgq run` defaults: batch 10, no cap).
 
+In llm mode the entrypoint makes the HTTP call, and the worker is capped at `--concurrency`
+picked jobs (`max_concurrent_tasks`, which must be at least twice the batch: batch C/2, at
+most 100).
+
 Run with the peers virtual environment's python; see _runner.py for the arguments and output.
 Like the `pgq` CLI, it runs on uvloop when uvloop is installed.
 """
@@ -11,7 +15,7 @@ import asyncio
 from importlib.metadata import version
 
 import asyncpg  # type: ignore[import-not-found]
-from _runner import Probe, main, run_on_uvloop
+from _runner import LlmCall, Probe, main, run_on_uvloop
 from pgqueuer import AsyncpgDriver, Job, QueueManager  # type: ignore[import-not-found]
 from pgqueuer.queries import Queries  # type: ignore[import-not-found]
 
@@ -24,8 +28,11 @@ class PgQueuerAdapter:
 
     def __init__(self, args: argparse.Namespace, probe: Probe) -> None:
         self.url: str = args.database_url
-        self.batch_size: int = args.concurrency
+        self.llm = args.mode == "llm"
+        self.concurrency: int = args.concurrency
+        self.batch_size: int = max(1, min(args.concurrency // 2, 100)) if self.llm else args.concurrency
         self.probe = probe
+        self.call = LlmCall(args.provider_url, args.concurrency)
         self.producer: asyncpg.Connection | None = None
         self.consumer: asyncpg.Connection | None = None
         self.queries: Queries | None = None
@@ -44,14 +51,16 @@ class PgQueuerAdapter:
 
     async def start_worker(self) -> None:
         qm = QueueManager(Queries(AsyncpgDriver(self.consumer)))
-        probe = self.probe
+        probe, call = self.probe, self.call
 
         @qm.entrypoint(ENTRYPOINT)
         async def noop(job: Job) -> None:
             probe.hit(int(job.payload))
+            await call()
 
         self.qm = qm
-        self.task = asyncio.create_task(qm.run(batch_size=self.batch_size))
+        cap = self.concurrency if self.llm else None
+        self.task = asyncio.create_task(qm.run(batch_size=self.batch_size, max_concurrent_tasks=cap))
 
     async def stop_worker(self) -> None:
         assert self.qm is not None and self.task is not None
@@ -64,6 +73,7 @@ class PgQueuerAdapter:
         return count
 
     async def close(self) -> None:
+        await self.call.close()
         for conn in (self.producer, self.consumer):
             if conn is not None:
                 await conn.close()

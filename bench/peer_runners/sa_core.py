@@ -1,7 +1,7 @@
 """sa-core's own runner for bench/peers.py: the same burn-down and pick-up on the real queue.
 
-Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL (burndown N | pickup K)
-       [--concurrency C] [--variant full|noop]
+Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL (burndown N | llm N | pickup K)
+       [--concurrency C] [--variant full|noop] [--provider-url URL]
 
 The database must already carry sa-core's migrations. Every job is a real prompt entity plus
 a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit) each.
@@ -12,6 +12,10 @@ a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit)
   pick-up uses whatever wake-up it ships with. Task start is not observable from outside the
   worker, so it is taken as the job's `running` event (`sa_job_event.at`, clock_timestamp()
   inside the claim statement): a little earlier than the task's real start.
+- threads: as full, but `run-worker` without gevent's monkey-patching (one OS thread per job
+  slot, the model before gevent), for bench/llm_shaped.py's comparison.
+- llm (full and threads): the burn-down against `--provider-url` instead of the fake provider; also
+  reports the worker process's CPU seconds and peak RSS (from /proc) at the end.
 - noop: the same Worker, Executor and finalize in this process, with a provider stub that
   answers at once without HTTP (still a full finalize: response, edge, ledger, events), and a
   NotificationListener wired to `Worker.on_job_queued` the way tests/conftest.py wires it.
@@ -70,6 +74,9 @@ LAST_SUCCEEDED_AT = ("SELECT extract(epoch FROM max(at))::float8 FROM sa_job_eve
                      "WHERE to_state = 'succeeded'")
 
 
+THREADED_CLI = "import sys; from jobqueue.operator.cli import main; sys.exit(main(sys.argv[2:]))"
+
+
 class StubProvider(Provider):
     """Answers every call at once, without HTTP; records when each prompt's call started."""
 
@@ -81,7 +88,8 @@ class StubProvider(Provider):
     def close(self) -> None:
         pass
 
-    def complete(self, model: str, messages: list[dict[str, str]]) -> Completion:
+    def complete(self, model: str, messages: list[dict[str, str]],
+                 on_delta: Callable[[str], None] | None = None) -> Completion:
         now = time.time()
         with self._lock:
             if self.first_call is None:
@@ -145,10 +153,11 @@ def last_success(url: str, n: int, alive: Callable[[], None], timeout: float) ->
 class Runner:
     """One variant's worker and provider, started and stopped around a measurement."""
 
-    def __init__(self, url: str, variant: str, concurrency: int) -> None:
+    def __init__(self, url: str, variant: str, concurrency: int, provider_url: str | None = None) -> None:
         self.url = url
         self.variant = variant
         self.concurrency = concurrency
+        self.provider_url = provider_url
         self.stub = StubProvider()
         self.procs: list[Any] = []
         self.stops: list[Callable[[], None]] = []
@@ -156,7 +165,7 @@ class Runner:
     @contextmanager
     def worker(self) -> Iterator[None]:
         try:
-            if self.variant == "full":
+            if self.variant in ("full", "threads"):
                 self._start_processes()
             else:
                 self._start_in_process()
@@ -171,15 +180,32 @@ class Runner:
             if proc.poll() is not None:
                 raise RuntimeError(f"{proc.args[:2]} exited with {proc.returncode}")
 
+    def worker_usage(self) -> dict[str, float]:
+        """The worker process's CPU seconds so far and its peak RSS (full variant)."""
+        pid = self.procs[-1].pid
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        with open(f"/proc/{pid}/status") as status:
+            hwm = next(line for line in status if line.startswith("VmHWM:"))
+        ticks = os.sysconf("SC_CLK_TCK")
+        return {"worker_cpu_s": (int(fields[11]) + int(fields[12])) / ticks,
+                "peak_rss_mib": int(hwm.split()[1]) / 1024}
+
     def _start_processes(self) -> None:
-        port = _free_port()
-        provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(port)], {})
-        self.procs.append(provider)
-        self.stops.append(lambda: _end(provider))
-        wait_http(f"http://127.0.0.1:{port}/healthz")
-        env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": f"http://127.0.0.1:{port}"}
-        worker = spawn([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
-                        str(self.concurrency)], env)
+        provider_url = self.provider_url
+        if provider_url is None:
+            port = _free_port()
+            provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(port)], {})
+            self.procs.append(provider)
+            self.stops.append(lambda: _end(provider))
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            provider_url = f"http://127.0.0.1:{port}"
+        env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": provider_url}
+        command = [str(VENV_BIN / "sa-core")]
+        if self.variant == "threads":
+            # NOTE: argv[1] is not `run-worker`, so jobqueue/runtime/green.py leaves threads as they are.
+            command = [sys.executable, "-c", THREADED_CLI, "--"]
+        worker = spawn([*command, "run-worker", "--concurrency", str(self.concurrency)], env)
         self.procs.append(worker)
         self.stops.append(lambda: _end(worker))
 
@@ -227,9 +253,12 @@ def burndown(url: str, runner: Runner, jobs: int, timeout: float) -> dict[str, A
         enqueue_s = time.perf_counter() - started
     finally:
         pool.close()
+    usage: dict[str, float] = {}
     with runner.worker():
         finished = last_success(url, jobs, runner.alive, timeout)
-    if runner.variant == "full":
+        if runner.variant != "noop":
+            usage = runner.worker_usage()
+    if runner.variant != "noop":
         with psycopg.connect(url) as conn:
             row = conn.execute(FIRST_RUNNING_AT).fetchone()
         assert row is not None
@@ -242,7 +271,7 @@ def burndown(url: str, runner: Runner, jobs: int, timeout: float) -> dict[str, A
         raise RuntimeError(f"not every job succeeded: {counts}")
     burndown_s = finished - first
     return {"jobs": jobs, "enqueue_s": enqueue_s, "enqueue_per_s": jobs / enqueue_s,
-            "burndown_s": burndown_s, "jobs_per_s": jobs / burndown_s}
+            "burndown_s": burndown_s, "jobs_per_s": jobs / burndown_s, **usage}
 
 
 def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, Any]:
@@ -264,7 +293,7 @@ def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, A
                     row = conn.execute(RUNNING_AT, (job_id,)).fetchone()
                 assert row is not None
                 claimed = float(row["at"])
-                started = claimed if runner.variant == "full" else runner.stub.calls[text]
+                started = claimed if runner.variant != "noop" else runner.stub.calls[text]
                 if seq >= 0:
                     latencies.append((started - committed) * 1000)
                     claims.append((claimed - committed) * 1000)
@@ -277,18 +306,19 @@ def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, A
 
 def main() -> None:
     parser = build_parser()
-    parser.add_argument("--variant", choices=["full", "noop"], default="full")
+    parser.add_argument("--variant", choices=["full", "threads", "noop"], default="full")
     args = parser.parse_args()
     configure_logging()
     # NOTE: the in-process worker logs JSON lines like `sa-core run-worker` does; they go where
     # the real worker's go in the full variant (nowhere), and the result line to the real stdout.
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-    runner = Runner(args.database_url, args.variant, args.concurrency)
-    if args.mode == "burndown":
+    runner = Runner(args.database_url, args.variant, args.concurrency, args.provider_url)
+    if args.mode in ("burndown", "llm"):
         result = burndown(args.database_url, runner, args.count, args.timeout)
     else:
         result = pickup(args.database_url, runner, args.count, args.budget)
-    emit({"ok": True, "library": "sa-core" if args.variant == "full" else "sa-core/no-op",
+    emit({"ok": True, "library": {"full": "sa-core", "threads": "sa-core/threads"}.get(
+              args.variant, "sa-core/no-op"),
           "version": version("sa-core"), "python": sys.version.split()[0], "mode": args.mode,
           "concurrency": args.concurrency, "variant": args.variant, **result})
 

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["KEY_TTL_SECONDS", "Settings", "SettingsError"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "KEY_TTL_SECONDS", "Settings", "SettingsError"]
+
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+"""A chat completion is kilobytes; megabytes mean a misbehaving server (SA_PROVIDER_MAX_RESPONSE_BYTES)."""
 
 KEY_TTL_SECONDS = 24 * 3600
 """How long an Idempotency-Key stays bound to its request; an older key is treated as absent.
@@ -99,6 +102,7 @@ class Settings:
     provider_api_key: str
     provider_model: str
     provider_timeout: float = 180.0
+    provider_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     heartbeat_interval: float = 30.0
     stale_after: float = 300.0
     stuck_after: float = 900.0
@@ -147,6 +151,8 @@ class Settings:
             provider_api_key=env.get("SA_PROVIDER_API_KEY", ""),
             provider_model=env.get("SA_PROVIDER_MODEL", "gpt-4o-mini"),
             provider_timeout=_float(env, "SA_PROVIDER_TIMEOUT", 180.0),
+            provider_max_response_bytes=_int(env, "SA_PROVIDER_MAX_RESPONSE_BYTES",
+                                             DEFAULT_MAX_RESPONSE_BYTES),
             heartbeat_interval=_float(env, "SA_HEARTBEAT_INTERVAL", 30.0),
             stale_after=_float(env, "SA_STALE_AFTER", 300.0),
             stuck_after=_float(env, "SA_STUCK_AFTER", 900.0),

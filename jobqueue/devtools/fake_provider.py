@@ -17,6 +17,13 @@ latency combines with the rest, otherwise the first failure marker in text order
 * ``[fake:400|401|403|404|422]`` and ``[fake:5xx]`` (a concrete code) answer that status.
 * ``[fake:malformed]`` 200 with truncated JSON; ``[fake:empty]`` 200 JSON without ``choices``.
 * ``[fake:flaky=K]`` the first K requests with this exact message text answer 503, later ones 200.
+* ``[fake:drip=S]`` the normal answer, status line and headers included, one byte every S seconds.
+* ``[fake:bytes=N]`` a normal answer whose reply is N characters long.
+* ``[fake:nul]`` / ``[fake:surrogate]`` a reply holding a NUL / a lone surrogate (``\\ud800``):
+  valid JSON that Postgres cannot store.
+
+A body with ``"stream": true`` gets the reply as OpenAI's server-sent chunks (one per word, a
+last chunk with ``finish_reason`` and ``usage``, then ``data: [DONE]``), chunked transfer encoding.
 
 Server-wide knobs live in :class:`FakeConfig`. ``GET /healthz`` answers ``{"ok": true}``.
 """
@@ -74,9 +81,11 @@ class FakeConfig:
 
 @dataclass(frozen=True)
 class _Outcome:
-    kind: Literal["ok", "status", "malformed", "empty", "hang"] = "ok"
+    kind: Literal["ok", "status", "malformed", "empty", "hang", "drip", "bytes", "nul",
+                  "surrogate"] = "ok"
     status: int = 200
     retry_after: str | None = None
+    amount: float = 0.0
 
 
 class _Server(ThreadingHTTPServer):
@@ -125,8 +134,11 @@ class _Server(ThreadingHTTPServer):
         return latency, outcome or _Outcome()
 
     def _marker_outcome(self, token: str, text: str) -> _Outcome | None:
-        if token in ("malformed", "empty", "hang"):
-            return _Outcome(cast(Literal["malformed", "empty", "hang"], token))
+        if token in ("malformed", "empty", "hang", "nul", "surrogate"):
+            return _Outcome(cast(Literal["malformed", "empty", "hang", "nul", "surrogate"], token))
+        for kind in ("drip", "bytes"):
+            if token.startswith(kind + "=") and (amount := _nonneg_float(token[len(kind) + 1:])):
+                return _Outcome(kind, amount=amount)
         if token == "429":
             return _Outcome("status", 429, "1")
         if token == "429-nohdr":
@@ -218,21 +230,59 @@ class _Handler(BaseHTTPRequestHandler):
         if self.server.stop_event.wait(self.server.config.latency + latency):
             self.close_connection = True
             return
-        self._answer(outcome, body["model"], messages, raw)
+        self._answer(outcome, body["model"], messages, raw, body.get("stream") is True)
 
     def _answer(self, outcome: _Outcome, model: str, messages: list[dict[str, str]],
-                raw: bytes) -> None:
-        if outcome.kind == "hang":
+                raw: bytes, stream: bool) -> None:
+        if outcome.kind in ("ok", "bytes", "nul", "surrogate"):
+            completion = _completion(model, messages, raw, _REPLIES.get(outcome.kind))
+            if outcome.kind == "bytes":
+                completion["choices"][0]["message"]["content"] = "x" * int(outcome.amount)
+            if stream:
+                self._stream(completion)
+            else:
+                self._send_json(200, completion)
+        elif outcome.kind == "drip":
+            self._drip(_completion(model, messages, raw), outcome.amount)
+        elif outcome.kind == "hang":
             self._hang()
         elif outcome.kind == "status":
             headers = {"Retry-After": outcome.retry_after} if outcome.retry_after else {}
             self._send_error(outcome.status, f"Fake failure {outcome.status}", headers)
         elif outcome.kind == "malformed":
             self._send(200, b'{"choices": [')
-        elif outcome.kind == "empty":
-            self._send_json(200, {"id": "fake-empty", "object": "chat.completion", "model": model})
         else:
-            self._send_json(200, _completion(model, messages, raw))
+            self._send_json(200, {"id": "fake-empty", "object": "chat.completion", "model": model})
+
+    def _drip(self, completion: dict[str, Any], interval: float) -> None:
+        body = json.dumps(completion).encode()
+        answer = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        self.close_connection = True
+        for i in range(len(answer)):
+            if self.server.stop_event.wait(interval):
+                return
+            try:
+                self.wfile.write(answer[i:i + 1])
+            except OSError:
+                return
+
+    def _stream(self, completion: dict[str, Any]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        base = {key: completion[key] for key in ("id", "created", "model")}
+        words = completion["choices"][0]["message"]["content"].split(" ")
+        chunks = [{**base, "object": "chat.completion.chunk",
+                   "choices": [{"index": 0, "delta": {"content": word if i == 0 else " " + word},
+                                "finish_reason": None}]} for i, word in enumerate(words)]
+        chunks.append({**base, "object": "chat.completion.chunk",
+                       "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                       "usage": completion["usage"]})
+        events = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks]
+        for event in [*events, b"data: [DONE]\n\n", b""]:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
 
     def _hang(self) -> None:
         # NOTE: poll rather than sleep once, so stop() is prompt and a client that gave up
@@ -287,8 +337,13 @@ def _valid_messages(body: Any) -> list[dict[str, str]] | None:
     return messages
 
 
-def _completion(model: str, messages: list[dict[str, str]], raw: bytes) -> dict[str, Any]:
-    reply = f"echo[{len(messages)}]: " + " | ".join(f"{m['role']}:{m['content']}" for m in messages)
+_REPLIES = {"nul": "a NUL \x00 here", "surrogate": "a lone \ud800 surrogate"}
+
+
+def _completion(model: str, messages: list[dict[str, str]], raw: bytes,
+                reply: str | None = None) -> dict[str, Any]:
+    if reply is None:
+        reply = f"echo[{len(messages)}]: " + " | ".join(f"{m['role']}:{m['content']}" for m in messages)
     prompt_tokens = sum(len(m["content"].split()) for m in messages)
     completion_tokens = len(reply.split())
     return {

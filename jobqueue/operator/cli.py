@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+
+from jobqueue.runtime.green import patch_for_worker
+
+patch_for_worker(sys.argv[1:])
+
+# NOTE: every import below comes after the worker's monkey-patching (E402 ignored for this file).
 import argparse
 import re
 import signal
-import sys
 import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
@@ -59,14 +65,15 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
     """Wires a worker from settings; returns it with the function that releases its resources."""
     if not settings.provider_url:
         raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
-    # NOTE: job threads never hold a connection: the claim loop, the heartbeat and the completer
-    # each borrow one for a statement, whatever the concurrency.
     try:
         provider = Provider(settings.provider_url, settings.provider_api_key,
-                            settings.provider_timeout)
+                            settings.provider_timeout,
+                            max_response_bytes=settings.provider_max_response_bytes)
     except ValueError as exc:
-        # NOTE: a bad SA_PROVIDER_URL or HTTP(S)_PROXY; the message may quote the URL.
-        raise UsageError(f"SA_PROVIDER_URL or proxy setting: {exc}") from None
+        # NOTE: one line, no traceback: the message hides passwords, a traceback would not.
+        raise UsageError(str(exc)) from None
+    # NOTE: job slots never hold a connection: the claim loop, the heartbeat and the completer
+    # each borrow one for a statement, whatever the concurrency.
     pool = open_pool(settings.worker_database_url, name="worker", max_size=4)
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
@@ -188,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--priority-ceiling", type=_priority, default=100,
                         help="claim only jobs with priority <= N")
     worker.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY,
-                        help=f"jobs run at once (threads; default {DEFAULT_CONCURRENCY})")
+                        help=f"provider calls in flight at once (greenlets; default {DEFAULT_CONCURRENCY})")
     worker.set_defaults(func=_run_worker)
 
     sub.add_parser(

@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.engine import finalize
 
-__all__ = ["Completer"]
+__all__ = ["Completer", "FinishTimeout"]
 
 # NOTE: a batch that meets a database restart is retried briefly; past this its jobs stay running
 # without heartbeats and the reclaimer returns them to the queue.
@@ -24,6 +24,14 @@ _WRITE_TRIES = 5
 
 # NOTE: bounds one statement's arrays (and the transaction's row locks).
 _MAX_BATCH = 256
+
+# NOTE: past every retry (each may wait the pool's 30 s checkout), with room for a long batch;
+# only a wedged writer gets there.
+FINISH_WAIT = 300.0
+
+
+class FinishTimeout(Exception):
+    """A finalize was not written in time; the job stays running and the reclaimer takes it back."""
 
 log = structlog.get_logger(__name__)
 
@@ -39,7 +47,7 @@ class _Pending:
 
 
 class Completer:
-    """Writes finalizes from many job threads in batches; each caller waits for its own result.
+    """Writes finalizes from many jobs in batches; each caller waits for its own result.
 
     PERF: River's batch completer idea. A job thread hands its finalize over and waits; one
     thread writes everything waiting in one transaction, so under load many jobs share a commit
@@ -67,6 +75,7 @@ class Completer:
         Raises:
             psycopg.Error: the write failed (after retries, for connection errors).
             RuntimeError: the completer is closed.
+            FinishTimeout: not written within FINISH_WAIT seconds (it may still be, later).
         """
         pending = _Pending(finish)
         with self._lock:
@@ -76,7 +85,8 @@ class Completer:
                 self._thread = threading.Thread(target=self._run, name="sa-completer", daemon=True)
                 self._thread.start()
             self._queue.put(pending)
-        pending.done.wait()
+        if not pending.done.wait(FINISH_WAIT):
+            raise FinishTimeout(f"finalize not written within {FINISH_WAIT:g}s")
         if pending.error is not None:
             raise pending.error
         return pending.won

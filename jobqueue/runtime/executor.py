@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -35,12 +36,14 @@ class RunControl:
 
     Once the thread starts finishing, the heartbeat can no longer abandon the job (the conditional
     finalize decides); once the heartbeat abandons it, the thread drops its result.
+    `on_finishing` runs once the provider call is over and the finalize begins.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_finishing: Callable[[], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._abandoned = False
         self._finishing = False
+        self._on_finishing = on_finishing
 
     def abandon(self) -> bool:
         """Marks the job abandoned; False when its finalize has already begun."""
@@ -54,7 +57,10 @@ class RunControl:
         with self._lock:
             if not self._abandoned:
                 self._finishing = True
-            return self._finishing
+            finishing = self._finishing
+        if finishing and self._on_finishing is not None:
+            self._on_finishing()
+        return finishing
 
 
 @dataclass

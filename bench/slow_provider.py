@@ -1,0 +1,99 @@
+"""An OpenAI-shaped provider that answers every call after a fixed delay, holding thousands at once.
+
+Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0]
+
+A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
+2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
+then measures the worker, not this server. Keep-alive HTTP/1.1, Content-Length bodies only. It
+prints `listening on PORT` once it is ready and reports calls answered (and connections) on
+SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+
+__all__ = ["ProviderProtocol", "main", "serve"]
+
+_ANSWER = json.dumps({
+    "id": "chatcmpl-bench", "object": "chat.completion", "model": "bench-model",
+    "choices": [{"index": 0, "finish_reason": "stop",
+                 "message": {"role": "assistant", "content": "a reply of a few words"}}],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 6, "total_tokens": 18},
+}).encode()
+_RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
+             b"Content-Length: %d\r\n\r\n%s" % (len(_ANSWER), _ANSWER))
+
+
+class ProviderProtocol(asyncio.Protocol):
+    """One connection: reads a request, answers it `latency` seconds later, waits for the next."""
+
+    answered = 0
+    connections = 0
+
+    def __init__(self, latency: float) -> None:
+        self._latency = latency
+        self._buffer = b""
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        ProviderProtocol.connections += 1
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer += data
+        while True:
+            head_end = self._buffer.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            length = 0
+            for line in self._buffer[:head_end].split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            end = head_end + 4 + length
+            if len(self._buffer) < end:
+                return
+            self._buffer = self._buffer[end:]
+            asyncio.get_running_loop().call_later(self._latency, self._answer)
+
+    def _answer(self) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(_RESPONSE)
+            ProviderProtocol.answered += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
+
+
+async def serve(port: int, latency: float) -> None:
+    """Serves until SIGTERM or SIGINT."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: ProviderProtocol(latency), "127.0.0.1", port,
+                                      backlog=4096)
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
+    await stop.wait()
+    server.close()
+    print(f"answered {ProviderProtocol.answered} on {ProviderProtocol.connections} connections",
+          file=sys.stderr, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--latency", type=float, default=1.0)
+    args = parser.parse_args()
+    asyncio.run(serve(args.port, args.latency))
+
+
+if __name__ == "__main__":
+    main()
