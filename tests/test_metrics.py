@@ -244,7 +244,7 @@ def test_gunicorn_with_two_processes_reports_every_processs_traffic_in_each_scra
     token = create_token(pool, 5, 50)
     headers = {"Authorization": f"Bearer {token}"}
     log = tmp_path / "web.log"
-    with _process([sys.executable, "-m", "gunicorn", "-c", "ops/gunicorn.conf.py",
+    with _process([sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf",
                    "service.app:create_app()"], env, log) as web:
         wait_for(lambda: web.poll() is None and (r := _get(f"{base}/readyz")) is not None
                  and r.status_code == 200, timeout=30, interval=0.1)

@@ -142,7 +142,7 @@ def _unit(path: Path) -> dict[str, dict[str, list[str]]]:
 def test_the_systemd_units_run_the_procfile_commands() -> None:
     web = _unit(OPS / "systemd" / "sa-core-web.service")
     assert web["Service"]["ExecStart"] == [
-        "/opt/sa-core/.venv/bin/gunicorn -c ops/gunicorn.conf.py service.app:create_app()"]
+        "/opt/sa-core/.venv/bin/gunicorn -c python:service.gunicorn_conf service.app:create_app()"]
     assert "PROMETHEUS_MULTIPROC_DIR=/run/sa-core-web/prometheus" in web["Service"]["Environment"]
     assert web["Unit"]["Requires"] == ["sa-core-migrate.service"]
     worker = _unit(OPS / "systemd" / "sa-core-worker@.service")

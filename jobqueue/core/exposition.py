@@ -1,6 +1,6 @@
 """Prometheus exposition: the web's /metrics page and the worker's own metrics port.
 
-Web (gunicorn, several processes): with `PROMETHEUS_MULTIPROC_DIR` set (ops/gunicorn.conf.py
+Web (gunicorn, several processes): with `PROMETHEUS_MULTIPROC_DIR` set (service/gunicorn_conf.py
 sets it), every process writes its counters and histograms to files in that directory, and each
 scrape aggregates all of them with a fresh registry and `MultiProcessCollector`, whichever
 process answers. Queue depth and the oldest queued job's age are not process figures: they are

@@ -179,7 +179,7 @@ class Settings:
                 env, "SA_IDEMPOTENCY_KEY_RETENTION", float(KEY_TTL_SECONDS),
                 at_least=float(KEY_TTL_SECONDS)),
             # NOTE: half the gevent worker's connections by default, so a flood of streams
-            # always leaves room for ordinary requests and /healthz (ops/gunicorn.conf.py).
+            # always leaves room for ordinary requests and /healthz (service/gunicorn_conf.py).
             sse_max_streams=_int(env, "SA_SSE_MAX_STREAMS",
                                  max(1, _int(env, "SA_WEB_CONNECTIONS", 1000) // 2)),
             sse_max_streams_per_token=_int(env, "SA_SSE_MAX_STREAMS_PER_TOKEN", 10),
