@@ -285,7 +285,8 @@ def test_migrate_is_idempotent_and_safe_when_run_concurrently(database_url: str)
             t.start()
         for t in threads:
             t.join()
-        applied = sorted(p.stem for p in (Path(__file__).parent.parent / "jobqueue" / "sql" / "migrations").glob("*.sql"))
+        shipped = Path(__file__).parent.parent / "jobqueue" / "sql" / "migrations"
+        applied = sorted(p.stem for p in shipped.glob("*.sql"))
         assert sorted(results, key=len) == [[], [], applied]
         assert migrate(url) == []
     finally:

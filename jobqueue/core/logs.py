@@ -15,9 +15,11 @@ from typing import Any
 
 import structlog
 
-from jobqueue.core.settings import SettingsError
+__all__ = ["FLUSH_INTERVAL", "LEVELS", "LineLogger", "LogLevelError", "configure_logging", "level_from_env"]
 
-__all__ = ["FLUSH_INTERVAL", "LEVELS", "LineLogger", "configure_logging", "level_from_env"]
+# NOTE: this module must not import psycopg (nor anything that does): gunicorn's master loads it
+# through service/gunicorn_conf.py before its gevent workers patch the stdlib, and psycopg picks
+# its wait function (blocking or gevent-aware) once, at import.
 
 FLUSH_INTERVAL = 0.1
 """Seconds an info line may wait in the buffer; warnings and errors are written at once."""
@@ -97,6 +99,10 @@ def _line_logger(*_args: Any) -> LineLogger:
     return _LOGGER
 
 
+class LogLevelError(ValueError):
+    """LOG_LEVEL names no level."""
+
+
 class _JsonHandler(logging.Handler):
     """Renders stdlib records (psycopg_pool, gunicorn, ...) as the same JSON lines, through LineLogger."""
 
@@ -114,11 +120,11 @@ def level_from_env(environ: Mapping[str, str] | None = None) -> int:
     """Returns the level LOG_LEVEL names (default info).
 
     Raises:
-        SettingsError: LOG_LEVEL names no level.
+        LogLevelError: LOG_LEVEL names no level.
     """
     text = (os.environ if environ is None else environ).get("LOG_LEVEL", "").strip().lower() or "info"
     if text not in LEVELS:
-        raise SettingsError(f"LOG_LEVEL={text!r} is not one of {', '.join(LEVELS)}")
+        raise LogLevelError(f"LOG_LEVEL={text!r} is not one of {', '.join(LEVELS)}")
     return LEVELS[text]
 
 
@@ -129,7 +135,7 @@ def configure_logging(level: int | None = None) -> None:
         level: the lowest level written; LOG_LEVEL (default info) when None.
 
     Raises:
-        SettingsError: LOG_LEVEL names no level.
+        LogLevelError: LOG_LEVEL names no level.
     """
     level = level_from_env() if level is None else level
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)

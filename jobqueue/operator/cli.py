@@ -22,7 +22,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.exposition import start_worker_metrics_server
 from jobqueue.core.listener import NotificationListener
-from jobqueue.core.logs import configure_logging
+from jobqueue.core.logs import LogLevelError, configure_logging
 from jobqueue.core.policy import BackoffConfig
 from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.settings import Settings, SettingsError
@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         configure_logging()
         code: int = args.func(args)
-    except (SettingsError, UsageError) as exc:
+    except (SettingsError, LogLevelError, UsageError) as exc:
         fail(redact(str(exc)))
         return 2
     except MigrationError as exc:

@@ -32,8 +32,12 @@ class Answer:
 
 
 def print_answer(answer: Answer, as_json: bool) -> None:
-    """Prints `answer` on stdout, as indented JSON when `as_json`."""
-    print(json.dumps(answer.data, default=json_default, indent=2) if as_json else answer.text)
+    """Prints `answer` on stdout; with `as_json`, JSON: indented for a terminal, else one line (so a
+    log collector reading a release step's output sees one JSON object per line)."""
+    if as_json:
+        print(json.dumps(answer.data, default=json_default, indent=2 if sys.stdout.isatty() else None))
+    else:
+        print(answer.text)
 
 
 def one_line(message: str) -> str:
