@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+from functools import partial
 from typing import Any
 
 import falcon
@@ -10,8 +11,10 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
+from jobqueue.core.exposition import ProcessFigures
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
 from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
@@ -78,6 +81,14 @@ _HEARD_TTL = 60.0
 """Seconds a valid token stays remembered while revocations are heard (see Authenticator)."""
 
 
+_FIGURES_INTERVAL = 5.0
+"""Seconds between refreshes of a web process's own gauges (pool, open streams)."""
+
+
+def _report_streams(hub: EventHub) -> None:
+    metrics.SSE_STREAMS_OPEN.set(hub.subscriber_count)
+
+
 def _caching_authenticator(pool: ConnectionPool[DictConnection],
                            settings: Settings) -> Authenticator:
     """An Authenticator that remembers valid tokens, told of revocations by a LISTEN.
@@ -114,6 +125,7 @@ def create_app(
     """
     configure_logging()
     settings = settings or Settings.from_env()
+    owns_pool = pool is None
     if pool is None:
         pool = open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
                          checkout_timeout=5.0)
@@ -141,14 +153,18 @@ def create_app(
 
     app.add_route("/healthz", Health())
     app.add_route("/readyz", Ready(pool))
-    app.add_route("/metrics", Metrics(pool))
+    hub = hub or EventHub.from_settings(pool, settings)
+    figures = ProcessFigures().add_pool(pool).add(partial(_report_streams, hub))
+    if owns_pool:
+        # NOTE: keeps the files of the processes a scrape does not reach current (exposition.py).
+        figures.start(_FIGURES_INTERVAL)
+    app.add_route("/metrics", Metrics(pool, figures))
     app.add_route(OPENAPI_PATH, OpenApiDocument(document))
     app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry", PromptRetry(pool))
-    hub = hub or EventHub.from_settings(pool, settings)
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,

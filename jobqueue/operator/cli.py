@@ -20,7 +20,7 @@ import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobqueue.core.db import DictConnection, open_pool
-from jobqueue.core.exposition import start_worker_metrics_server
+from jobqueue.core.exposition import ProcessFigures, start_worker_metrics_server
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import LogLevelError, configure_logging
 from jobqueue.core.policy import BackoffConfig
@@ -99,14 +99,16 @@ def _run_worker(args: argparse.Namespace) -> int:
         poll_interval=settings.poll_interval,
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
+    figures = ProcessFigures()
     if settings.metrics_port and not args.once:
         # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
         # --once run is gone before a scrape could reach it.
         try:
-            start_worker_metrics_server(settings.metrics_port)
+            start_worker_metrics_server(settings.metrics_port, figures=figures)
         except OSError as exc:
             raise UsageError(f"SA_METRICS_PORT={settings.metrics_port}: {exc.strerror}") from None
     worker, close = build_worker(settings, config)
+    figures.add_pool(worker.pool).add(worker.report_slots)
     # NOTE: only long-running workers compete for the maintenance role; a --once run is too
     # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
     leader = None if args.once else MaintenanceLeader.from_settings(settings).start()
