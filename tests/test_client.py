@@ -64,7 +64,7 @@ def live(database_url: str, fake: FakeProvider, tmp_path_factory: pytest.TempPat
     logs = tmp_path_factory.mktemp("live")
     env = {**os.environ, "DATABASE_URL": url, "PORT": str(port), "WEB_CONCURRENCY": "1",
            "SA_PROVIDER_URL": fake.url, "SA_POLL_INTERVAL": "0.1", "SA_SSE_KEEPALIVE": "1",
-           "SA_SSE_MAX_STREAMS_PER_TOKEN": "2"}
+           "SA_SSE_MAX_STREAMS_PER_TOKEN": "2", "SA_SHUTDOWN_GRACE": "2"}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     children: list[subprocess.Popen[bytes]] = []
     with ExitStack() as stack:
