@@ -31,6 +31,7 @@ from service.middleware_security import (
 )
 from service.openapi import OPENAPI_PATH, OpenApiDocument, build_openapi
 from service.resources.control import JobCancel, PromptRetry
+from service.resources.docs import DOCS_PATH, STYLESHEET_PATH, ApiDocs, ApiDocsStylesheet
 from service.resources.events import MissionEvents
 from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
@@ -160,6 +161,8 @@ def create_app(
         figures.start(_FIGURES_INTERVAL)
     app.add_route("/metrics", Metrics(pool, figures))
     app.add_route(OPENAPI_PATH, OpenApiDocument(document))
+    app.add_route(DOCS_PATH, ApiDocs(document))
+    app.add_route(STYLESHEET_PATH, ApiDocsStylesheet())
     app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))

@@ -13,7 +13,8 @@ __all__ = ["API_PREFIX", "PUBLIC_ROUTES", "QUERY_TOKEN_PARAM", "QUERY_TOKEN_ROUT
 
 API_PREFIX = "/sa-core/v1"
 
-PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", f"{API_PREFIX}/openapi.json"})
+PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", f"{API_PREFIX}/openapi.json", "/docs",
+                           "/docs/docs.css"})
 """The only routes (Falcon uri_templates) answered without a token; pages join this list.
 
 NOTE: the rule is judged on the route the router chose, never on the raw path: however a path
