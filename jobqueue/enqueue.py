@@ -12,7 +12,7 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from jobqueue import metrics
+from jobqueue import metrics, wakeup
 from jobqueue.db import DictConnection
 from jobqueue.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.idempotency import KEY_TTL_SECONDS, request_fingerprint
@@ -127,6 +127,7 @@ def enqueue(
                              prompt_id=str(replayed.prompt_id), org_id=who.org_id)
                     return replayed
         if row["id"] is not None:
+            wakeup.for_pool(pool).job_queued()
             metrics.ENQUEUED.inc()
             _ENQUEUED_TRANSITION.inc()
             log.info("job.enqueued", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),

@@ -9,7 +9,7 @@ from datetime import datetime
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue import metrics
+from jobqueue import metrics, wakeup
 from jobqueue.db import DictConnection, borrow
 from jobqueue.queries import maintenance as q
 from jobqueue.settings import Settings
@@ -103,6 +103,8 @@ class Reclaimer:
                 with conn.transaction():
                     conn.execute(q.MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
                     rows = conn.execute(q.JOB_RECLAIM_MANY_IF_STALE, params).fetchall()
+                    if rows:
+                        wakeup.notify_with(conn, queued=any(r["state"] == "queued" for r in rows))
                 for row in rows:
                     metrics.TRANSITIONS.labels(from_state="running", to_state=row["state"]).inc()
                     metrics.FAILURES.labels(

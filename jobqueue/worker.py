@@ -14,6 +14,7 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
+from jobqueue import wakeup
 from jobqueue.claim import ClaimedJob, claim
 from jobqueue.db import DictConnection
 from jobqueue.executor import Executor, Outcome, RunControl
@@ -298,4 +299,5 @@ class Worker:
             run.control.abandon()
         with self.pool.connection() as conn:
             released = conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, (self.worker_id,)).fetchall()
+        wakeup.for_pool(self.pool).job_queued()
         self.log.warning("worker.released", jobs=len(released), outcome=Outcome.ABANDONED.value)

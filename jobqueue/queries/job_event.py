@@ -4,16 +4,31 @@ __all__ = [
     "JOB_EVENT_LISTEN",
     "JOB_EVENT_LIST_AFTER",
     "JOB_EVENT_LIST_FOR_USER_BETWEEN",
+    "JOB_EVENT_NOTIFY_MANY",
     "JOB_EVENT_SEQUENCE_LAST",
+    "JOB_EVENT_WAKEUP_SESSION",
     "JOB_EVENT_WRITERS_IN_FLIGHT",
     "JOB_QUEUED_LISTEN",
 ]
 
-# NOTE: channel names and payloads are fixed by the sa_job_record_event trigger
-# (0005_notify_channels.sql). Every transition wakes sa_job_event (empty payload); a job becoming
-# queued also wakes sa_job_queued (empty when claimable now, else scheduled_for in epoch seconds).
+# NOTE: channel names and payloads were fixed by the sa_job_record_event trigger
+# (0005_notify_channels.sql); since 0006_notify_out_of_band.sql the processes that commit
+# transitions send them (jobqueue/wakeup.py). Every transition wakes sa_job_event (empty payload);
+# a job becoming queued also wakes sa_job_queued (empty when claimable now, else scheduled_for in
+# epoch seconds).
 JOB_EVENT_LISTEN = "LISTEN sa_job_event"
 JOB_QUEUED_LISTEN = "LISTEN sa_job_queued"
+
+# NOTE: for the wake-up sender's own session only: a transaction that just notifies writes
+# nothing worth waiting for a WAL flush, and its commit holds the notify lock until it returns.
+JOB_EVENT_WAKEUP_SESSION = "SET synchronous_commit = off"
+
+# No table: one notifying transaction (one commit) for a whole coalesced batch of wake-ups,
+# `channels[i]` with `payloads[i]`. Postgres folds repeated (channel, payload) pairs itself.
+JOB_EVENT_NOTIFY_MANY = """
+SELECT pg_notify(n.channel, n.payload)
+  FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
+"""
 
 _EVENT_COLUMNS = """
 id, job_id, prompt_id, org_id, created_by, from_state, to_state, attempt, error_kind,
