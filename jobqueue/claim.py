@@ -68,7 +68,7 @@ def claim(
     # PERF: BEGIN, the plan settings and COMMIT cost three short round trips more than the lone
     # statement; they buy a claim whose cost does not grow with the backlog (see the settings).
     with pool.connection() as conn, metrics.CLAIM_SECONDS.time(), conn.transaction():
-        conn.execute(q.JOB_CLAIM_PLAN_SETTINGS)
+        conn.execute(q.JOB_PLAN_SETTINGS)
         if org_max_running > 0:
             conn.execute(q.JOB_CLAIM_LOCK_ORG_CAPPED)
             rows = conn.execute(q.JOB_CLAIM_MANY_ORG_CAPPED, params).fetchall()
