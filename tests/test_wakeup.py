@@ -100,3 +100,23 @@ def test_a_burst_of_wakeups_is_coalesced_while_an_idle_worker_hears_the_first_at
             heard.append(notify.payload)
     assert heard == ["", ""], "50 jobs queued: one wake-up at once, one for the rest of the window"
     assert sender.sent == 2
+
+
+def test_a_wakeup_sender_whose_connection_died_reconnects_and_still_sends(
+    database_url: str, pool: ConnectionPool[DictConnection],
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as counter:
+        counter.execute("LISTEN sa_job_event")
+        sender = WakeupSender(database_url, interval=0.0)
+        sender.job_changed()
+        assert next(counter.notifies(timeout=10)).channel == "sa_job_event"
+        killed = fetch_all(pool, "SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity "
+                                 "WHERE application_name = 'sa-core wakeup' "
+                                 "AND datname = current_database()")
+        assert killed and all(r["done"] for r in killed)
+
+        sender.job_changed()
+        heard = next(counter.notifies(timeout=10), None)
+        sender.close()
+    assert heard is not None and heard.channel == "sa_job_event"
+    assert sender.sent == 2
