@@ -299,5 +299,6 @@ class Worker:
             run.control.abandon()
         with self.pool.connection() as conn:
             released = conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, (self.worker_id,)).fetchall()
-        wakeup.for_pool(self.pool).job_queued()
+        if released:
+            wakeup.for_pool(self.pool).job_queued()
         self.log.warning("worker.released", jobs=len(released), outcome=Outcome.ABANDONED.value)
