@@ -7,8 +7,7 @@ of the whole database under steady arrivals. Here a transition only notes that a
 connection of its own. Leading edge: when nothing was sent for `interval`, it sends at once, so
 an idle worker hears of a new job as soon as the enqueue committed. Otherwise whatever
 accumulated within the window goes out in one notifying transaction, so a burst of N
-transitions costs a few notifying commits, not N. That connection runs with
-synchronous_commit off: a commit that only notifies has nothing worth a WAL flush.
+transitions costs a few notifying commits, not N; being notify-only, they write no WAL.
 
 Best effort: a wake-up lost to a broken connection (the next send reopens it) is covered by the
 listeners' poll (SA_POLL_INTERVAL). Under gunicorn's gevent worker the thread is a greenlet and
@@ -152,7 +151,6 @@ class WakeupSender:
             self._conn = psycopg.connect(self.conninfo, autocommit=True,
                                          connect_timeout=_CONNECT_TIMEOUT,
                                          application_name="sa-core wakeup")
-            self._conn.execute(q.JOB_EVENT_WAKEUP_SESSION)
         return self._conn
 
     def _close_connection(self) -> None:

@@ -6,7 +6,6 @@ __all__ = [
     "JOB_EVENT_LIST_FOR_USER_BETWEEN",
     "JOB_EVENT_NOTIFY_MANY",
     "JOB_EVENT_SEQUENCE_LAST",
-    "JOB_EVENT_WAKEUP_SESSION",
     "JOB_EVENT_WRITERS_IN_FLIGHT",
     "JOB_QUEUED_LISTEN",
 ]
@@ -19,12 +18,11 @@ __all__ = [
 JOB_EVENT_LISTEN = "LISTEN sa_job_event"
 JOB_QUEUED_LISTEN = "LISTEN sa_job_queued"
 
-# NOTE: for the wake-up sender's own session only: a transaction that just notifies writes
-# nothing worth waiting for a WAL flush, and its commit holds the notify lock until it returns.
-JOB_EVENT_WAKEUP_SESSION = "SET synchronous_commit = off"
-
 # No table: one notifying transaction (one commit) for a whole coalesced batch of wake-ups,
 # `channels[i]` with `payloads[i]`. Postgres folds repeated (channel, payload) pairs itself.
+# NOTE: no synchronous_commit = off here: a transaction that only notifies writes no WAL to wait
+# for. Measured: 3 threads sending these back to back made 3,700-7,600 commits/s with it on and
+# 6,600-6,800 with it off, next to 8 enqueuers at 1,260-2,080/s either way.
 JOB_EVENT_NOTIFY_MANY = """
 SELECT pg_notify(n.channel, n.payload)
   FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
