@@ -7,7 +7,7 @@ of the whole database under steady arrivals. Here a transition only notes that a
 connection of its own. Leading edge: when nothing was sent for `interval`, it sends at once, so
 an idle worker hears of a new job as soon as the enqueue committed. Otherwise whatever
 accumulated within the window goes out in one notifying transaction, so a burst of N
-transitions costs a few notifying commits, not N; being notify-only, they write no WAL.
+transitions costs a few notifying commits, not N.
 
 Best effort: a wake-up lost to a broken connection (the next send reopens it) is covered by the
 listeners' poll (SA_POLL_INTERVAL). Under gunicorn's gevent worker the thread is a greenlet and
