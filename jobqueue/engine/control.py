@@ -11,7 +11,7 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import metrics
+from jobqueue.core import metrics, wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import Conflict, NotFound
 from jobqueue.core.queries import job as q
@@ -77,6 +77,7 @@ def cancel_job(
         raise NotFound(f"job {job_id} not found")
     if not row.pop("changed"):
         raise Conflict(f"job {job_id} is already {row['state']}; nothing to cancel")
+    wakeup.for_pool(pool).job_changed()
     # NOTE: only a claim sets worker_claim and every way back to 'queued' clears it, so a cancelled
     # job that still has one was running.
     from_state = JobState.RUNNING if row["worker_claim"] else JobState.QUEUED
@@ -145,6 +146,7 @@ def _retry(
     if row["job_id"] is None:
         raise Conflict(_retry_refusal(row["old_id"], JobState(row["old_state"]),
                                       row["superseded_by"] or superseder))
+    wakeup.for_pool(pool).job_queued()
     _report_retry(row)
     return Retried(prompt_id=row["prompt_id"], job_id=row["job_id"], state=row["state"],
                    supersedes=row["supersedes"], created_at=row["created_at"])

@@ -12,7 +12,7 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import metrics
+from jobqueue.core import metrics, wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.core.queries import entity as q
@@ -114,6 +114,7 @@ def enqueue(
                              prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
                     return replayed
         if row["id"] is not None:
+            wakeup.for_pool(pool).job_queued()
             metrics.ENQUEUED.inc()
             _ENQUEUED_TRANSITION.inc()
             log.info("job.enqueued", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import metrics
+from jobqueue.core import metrics, wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.queries import job as q
@@ -107,6 +107,7 @@ def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> 
             won.update((r["id"], r["attempt"]) for r in conn.execute(statement, params).fetchall())
     # NOTE: by (id, attempt): a batch may hold a stale attempt of a job next to its current one.
     results = [(f.job.id, f.job.attempt) in won for f in finishes]
+    _wake(pool, finishes, results)
     now = time.monotonic()
     for f, ok in zip(finishes, results, strict=True):
         if not ok:
@@ -116,3 +117,16 @@ def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> 
         if f.error_kind is not None:
             metrics.FAILURES.labels(error_kind=f.error_kind.value).inc()
     return results
+
+
+def _wake(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish], won: list[bool]) -> None:
+    """Notes the batch's wake-ups: one transition wake-up, and a requeued job's due time."""
+    if not any(won):
+        return
+    sender = wakeup.for_pool(pool)
+    sender.job_changed()
+    # NOTE: taken after the commit, so never earlier than the scheduled_for the database wrote.
+    after_commit = time.time()
+    for f, ok in zip(finishes, won, strict=True):
+        if ok and f.to_state == "queued":
+            sender.job_queued(after_commit + float(f.row["delay"]))  # type: ignore[arg-type]

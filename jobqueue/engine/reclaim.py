@@ -15,7 +15,7 @@ from typing import Any
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import metrics
+from jobqueue.core import metrics, wakeup
 from jobqueue.core.db import DictConnection, borrow
 from jobqueue.core.policy import ReclaimCandidate, ReclaimDecision, RetryAction, decide_reclaim
 from jobqueue.core.queries import maintenance as q
@@ -142,6 +142,8 @@ class Reclaimer:
             "stale_after": self.config.stale_after,
             "stuck_after": self.config.stuck_after,
         }).fetchall()
+        if written:
+            wakeup.notify_with(conn, queued=any(out["state"] == "queued" for out in written))
         for out in written:
             read, decision = decided[out["id"]]
             metrics.TRANSITIONS.labels(from_state="running", to_state=out["state"]).inc()

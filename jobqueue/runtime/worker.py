@@ -20,6 +20,7 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import job as q
 from jobqueue.engine.claim import ClaimedJob, claim
@@ -328,4 +329,6 @@ class Worker:
             run.control.abandon()
         with self.pool.connection() as conn:
             released = conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, (self.worker_id,)).fetchall()
+        if released:
+            wakeup.for_pool(self.pool).job_queued()
         self.log.warning("worker.released", jobs=len(released), outcome=Outcome.ABANDONED.value)

@@ -11,6 +11,7 @@ __all__ = [
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_FOR_PROMPT",
+    "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
     "JOB_RELEASE_MANY_IF_CLAIMED",
     "JOB_REQUEUE_MANY_IF_CLAIMED",
@@ -31,6 +32,10 @@ error_message, supersedes, org_id, created_by, scheduled_for, created_at, update
 # NOTE: the depth is read with no cast that can fail (one undecodable row would fail the whole
 # claim, for every worker): a depth that is not 0..99 reads no ancestor, and claim.py then fails
 # that job as invalid_options.
+# PERF: the entities are looked up by id alone and their org checked on the rows found (a row
+# of another org is neither returned nor followed). With `org_id = ...` beside `id = ...` in the
+# lookup, statistics taken on a small table let the planner walk sa_entity_org_updated_idx,
+# every entity of the org for each job claimed: 200 ms a claim after a few thousand jobs.
 _CLAIM_SET = """
 , claimed AS (
     UPDATE sa_job j
@@ -46,14 +51,14 @@ _CLAIM_SET = """
 )
 SELECT claimed.*, (
     WITH RECURSIVE chain AS (
-        SELECT id, kind, parent_id, content, 0 AS depth
+        SELECT id, org_id, kind, parent_id, content, 0 AS depth
           FROM sa_entity
-         WHERE id = claimed.prompt_id AND org_id = claimed.org_id
+         WHERE id = claimed.prompt_id
         UNION ALL
-        SELECT e.id, e.kind, e.parent_id, e.content, chain.depth + 1
+        SELECT e.id, e.org_id, e.kind, e.parent_id, e.content, chain.depth + 1
           FROM sa_entity e
           JOIN chain ON e.id = chain.parent_id
-         WHERE e.org_id = claimed.org_id
+         WHERE chain.org_id = claimed.org_id
            AND chain.depth < CASE
                WHEN NOT claimed.execution_options ? 'depth' THEN %(default_depth)s
                WHEN jsonb_typeof(claimed.execution_options -> 'depth') = 'number'
@@ -64,14 +69,34 @@ SELECT claimed.*, (
     )
     SELECT jsonb_agg(jsonb_build_object('kind', kind, 'content', content) ORDER BY depth DESC)
       FROM chain
+     WHERE org_id = claimed.org_id
 ) AS context
   FROM claimed
  ORDER BY claimed.priority, claimed.scheduled_for
 """
 
+# NOTE: run in the transaction of each claim (and of the scrape-time queue read, JOB_QUEUE_DEPTH)
+# just before the statement: set_config(..., true) is SET LOCAL, so it holds for that
+# transaction only.
+# PERF: a claim must cost the batch, not the backlog. With statistics taken while the queue was
+# small (autoanalyze lags a growing backlog) the planner expected a handful of claimable rows and
+# read EVERY queued row (bitmap scan, or a walk of sa_job_org_queued_idx) to sort them and keep
+# the batch: 67 ms a claim at 100,000 queued against 0.2 ms. With sorts, bitmap scans and
+# sequential scans priced out, the plan left is the walk of sa_job_claim_idx in claim order
+# that stops after the batch, and the update probes sa_job_pkey, whatever the statistics. JIT
+# is off because the price put on a sort that cannot be avoided (the final ORDER BY of the
+# batch) would otherwise make the planner compile the statement: 280 ms. Measured equal in cost
+# to a function carrying the same settings (`SET` attributes), which would also have moved the
+# statement's text out of this module into a migration and kept the org-capped claim outside.
+JOB_PLAN_SETTINGS = """
+SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
+"""
+
 # served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
-# (0001_core_schema.sql). SKIP LOCKED keeps concurrent claimers disjoint; LIMIT is the
-# caller's free slots, so a worker never holds a job it cannot start.
+# (0001_core_schema.sql), walked in claim order and stopped after LIMIT (under
+# JOB_PLAN_SETTINGS), then sa_job_pkey for the update. SKIP LOCKED keeps concurrent claimers
+# disjoint; LIMIT is the caller's free slots, so a worker never holds a job it cannot start.
 JOB_CLAIM_MANY = (
     """
 WITH picked AS (
@@ -97,7 +122,9 @@ JOB_CLAIM_LOCK_ORG_CAPPED = "SELECT pg_advisory_xact_lock(hashtext('sa-core clai
 # served by sa_job_claim_idx for the queued rows and sa_job_worker_claim_idx (worker_claim)
 # WHERE state = 'running' for the running counts. Ranks each org's claimable jobs so one
 # claim never takes more than an org's remaining room (`org_cap` minus its running jobs).
-# PERF: reads every claimable row to rank it; only used when SA_ORG_MAX_RUNNING is set.
+# PERF: reads every claimable row to rank it, so its cost grows with the backlog whatever the plan
+# (the per-org rank needs them all); only used when SA_ORG_MAX_RUNNING is set. It runs under
+# JOB_PLAN_SETTINGS too, so it reads them through sa_job_claim_idx, never the table.
 JOB_CLAIM_MANY_ORG_CAPPED = (
     """
 WITH running AS (
