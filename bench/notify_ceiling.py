@@ -87,9 +87,10 @@ def _enqueue_params() -> dict[str, Any]:
 
 
 def _finalize_params(job_id: uuid.UUID) -> dict[str, Any]:
-    return {"job_id": [job_id], "claim": ["bench"], "attempt": [1], "model": ["m"],
-            "tokens_in": [1], "tokens_out": [1], "latency_ms": [1], "http_status": [200],
-            "response_id": [uuid.uuid4()], "content": ["answer"]}
+    return {"job_id": [job_id], "claim": ["bench"], "attempt": [1], "to_state": ["succeeded"],
+            "model": ["m"], "tokens_in": [1], "tokens_out": [1], "latency_ms": [1],
+            "http_status": [200], "response_id": [uuid.uuid4()], "content": ["answer"],
+            "error_kind": [None], "error_message": [None], "delay": [None]}
 
 
 def _run_threads(url: str, clients: int, seconds: float,
@@ -140,7 +141,7 @@ def measure(url: str, args: argparse.Namespace, sender: WakeupSender | None) -> 
     def finalize(conn: psycopg.Connection[Any], k: int, n: int) -> bool:
         if n >= len(slices[k]):
             return False
-        conn.execute(job_q.JOB_SUCCEED_MANY_IF_CLAIMED, _finalize_params(slices[k][n]))
+        conn.execute(job_q.JOB_SET_STATE_IF_RUNNING_MANY, _finalize_params(slices[k][n]))
         if sender is not None:
             sender.job_changed()
         return True

@@ -21,6 +21,8 @@ from jobqueue.core import metrics, wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.queries import job as q
+from jobqueue.core.states import JobState
+from jobqueue.engine import transitions
 
 __all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "ClaimedJob", "Undecodable", "claim", "options_error"]
 
@@ -125,7 +127,10 @@ def claim(
                 rows = cur.execute(q.JOB_CLAIM_MANY, params).fetchall()
         if rows:
             wakeup.for_pool(pool).job_changed()
-            metrics.TRANSITIONS.labels(from_state="queued", to_state="running").inc(len(rows))
+        for r in rows:
+            transitions.record("job.claimed", JobState.QUEUED, JobState.RUNNING, job_id=str(r["id"]),
+                               prompt_id=str(r["prompt_id"]), org_id=r["org_id"],
+                               attempt=r["attempt"], worker_id=worker_claim)
         claimed = len(rows)
         rows = _reject_undecodable(conn, worker_claim, rows)
     if len(rows) < claimed:
@@ -162,8 +167,9 @@ def _reject_undecodable(
     }).fetchall()}
     for r in bad:
         if r["id"] in failed:
-            metrics.TRANSITIONS.labels(from_state="running", to_state="failed").inc()
-            metrics.FAILURES.labels(error_kind=ErrorKind.INVALID_OPTIONS.value).inc()
-            log.warning("job.options_invalid", job_id=str(r["id"]), org_id=r["org_id"],
-                        attempt=r["attempt"], error=errors[r["id"]])
+            transitions.record("job.options_invalid", JobState.RUNNING, JobState.FAILED,
+                               error_kind=ErrorKind.INVALID_OPTIONS, level="warning",
+                               job_id=str(r["id"]), prompt_id=str(r["prompt_id"]),
+                               org_id=r["org_id"], attempt=r["attempt"], worker_id=worker_claim,
+                               error=errors[r["id"]])
     return [r for r in rows if r["id"] not in errors]
