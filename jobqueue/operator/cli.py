@@ -64,7 +64,7 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
                             max_response_bytes=settings.provider_max_response_bytes)
     except ValueError as exc:
         # NOTE: one line, no traceback: the message hides passwords, a traceback would not.
-        raise UsageError(f"SA_PROVIDER_URL or proxy setting: {exc}") from None
+        raise UsageError(str(exc)) from None
     # NOTE: job slots never hold a connection: the claim loop, the heartbeat and the completer
     # each borrow one for a statement, whatever the concurrency.
     pool = open_pool(settings.worker_database_url, name="worker", max_size=4)
