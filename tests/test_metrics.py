@@ -347,6 +347,12 @@ def test_a_worker_serves_its_own_metrics_and_logs_each_transition_without_text(
         assert value(samples, "sa_job_run_seconds_count") == 1
         assert value(samples, "sa_worker_slots", state="busy") == 0
         assert value(samples, "sa_worker_slots", state="free") == 2
+        slow = enqueue(pool, caller, "[fake:latency=3] hold a slot")
+        wait_for(lambda: fetch_one(pool, "SELECT state FROM sa_job WHERE id = %s", slow.job_id)[
+            "state"] == "running", timeout=20)
+        held = parse(_get(f"http://127.0.0.1:{port}/metrics").text)
+        assert value(held, "sa_worker_slots", state="busy") == 1
+        assert value(held, "sa_worker_slots", state="free") == 1
         assert value(samples, "sa_db_pool_connections", pool="worker", state="max") == 4
         assert [s for s in samples if s[0] == "sa_build_info"] != []
         # NOTE: only what a worker produces: no web family, not even an empty one.
