@@ -1,4 +1,4 @@
--- One definition of the figures behind `sa-core queue-metrics` and jobqueue/sql/ops/queue_metrics.sql.
+-- One definition of the figures behind `sa-core queue-metrics` and sql/ops/queue_metrics.sql.
 --
 -- sa_job_measured(since) reads the event log from `since` on and returns one row per measured
 -- interval: a job's wait (creation to its first claim) or an attempt's run (claim to the end of
