@@ -172,14 +172,16 @@ function startPolling() {
   if (pollTimer !== null) return;
   setConnection("polling", $("conn").dataset.reachable === "true");
   const tick = async () => {
+    let reachable = true;
     try {
       await sync();
-      setConnection("polling", true);
     } catch (err) {
       if (failed(err)) return;
-      setConnection("polling", false);
+      reachable = false;
     }
+    // NOTE: the stream may have come back while this poll was under way; it has the last word.
     if (pollTimer === null) return;
+    setConnection("polling", reachable);
     if (stream === null && Date.now() - streamOpenedAt > STREAM_RETRY_MS) openStream();
     pollTimer = setTimeout(tick, POLL_MS);
   };
