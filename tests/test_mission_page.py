@@ -43,6 +43,7 @@ if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
 from selenium import webdriver  # noqa: E402
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
@@ -227,6 +228,37 @@ def test_a_prompt_goes_queued_running_succeeded_with_its_response_shown(
     assert done["response"] == f"echo[1]: user:{text}"
     assert done["attempts"] == "attempt 1 of 3"
     until(page, lambda d: "is now succeeded" in d.find_element(By.ID, "announcer").text)
+
+
+def test_a_reply_typed_from_the_keyboard_continues_the_thread_and_the_thread_view_follows_it(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    root = f"root {uuid.uuid4().hex[:6]}"
+    viewer.submit(root)
+    drop_in(page, root, "succeeded")
+    click(page, root, "Continue")
+    focused = page.switch_to.active_element
+    assert focused.get_attribute("id") == "text", "Continue puts the cursor in the compose box"
+    reply = f"reply {uuid.uuid4().hex[:6]}"
+    focused.send_keys(reply, Keys.CONTROL, Keys.ENTER)
+    done = drop_in(page, reply, "succeeded")
+    assert done["response"] == f"echo[2]: user:{root} | user:{reply}", "the reply ran in its thread"
+    click(page, reply, "Thread")
+    thread = until(page, lambda d: _visible(d, "thread"))
+    assert page.switch_to.active_element == thread
+    entries = until(page, lambda d: [e.text for e in d.find_elements(
+        By.CSS_SELECTOR, "#thread-list .prompt-text")] or None)
+    assert entries == [root, reply]
+    page.switch_to.active_element.send_keys(Keys.ESCAPE)
+    until(page, lambda d: not d.find_element(By.ID, "thread").is_displayed())
+    page.set_window_size(390, 844)
+    try:
+        assert page.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth"), "no sideways scroll"
+    finally:
+        page.set_window_size(1280, 900)
 
 
 def test_a_failed_prompt_shows_the_retry_chip_and_a_retry_succeeds(

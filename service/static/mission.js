@@ -70,7 +70,7 @@ function renderDrop(item) {
     ? el("p", { class: "error-text" }, el("strong", { text: item.error_kind }),
       item.error_message ? `: ${item.error_message}` : "")
     : null;
-  li.replaceChildren(
+  li.replaceChildren(...[
     el("div", { class: "drop-head" },
       el("span", { class: "state", text: item.state }),
       attempts ? el("span", { class: "attempts", text: attempts }) : null,
@@ -79,7 +79,7 @@ function renderDrop(item) {
     el("p", { class: "prompt-text", text: item.text }),
     item.response_text ? el("p", { class: "response-text", text: item.response_text }) : null,
     error,
-    actions);
+    actions].filter(Boolean));
   if (fresh) place(li, item);
   $("empty").hidden = drops.size > 0;
 }

@@ -64,7 +64,7 @@ async function refresh() {
   try {
     render(await api("GET", "/ops/overview"));
     $("app").hidden = false;
-    setConnection("polling", true);
+    setConnection("live", true);
     $("conn").textContent = `Refreshed ${new Date().toLocaleTimeString()} (every ${REFRESH_MS / 1000} s)`;
   } catch (err) {
     if (err.status === 401) { signedOut(); return; }
