@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 
 from jobqueue.core.db import open_pool
+from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
@@ -33,10 +34,9 @@ def main() -> None:
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.support.ui import WebDriverWait
 
+    # NOTE: run as a script, the repository root is not on sys.path; the tests' gunicorn helper is.
     sys.path.insert(0, str(REPO))
     from tests.test_sse import gunicorn
-
-    from jobqueue.core.settings import Settings
 
     with FakeProvider(config=FakeConfig()) as fake, \
             scratch_database("sa_shots", "SA_TEST_DATABASE_URL") as url, \
