@@ -25,7 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
-from jobqueue.core.tokens import issue_token
+from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
 from tests.test_sse import REPO, _free_port, gunicorn
@@ -66,7 +66,7 @@ def mission_pool(mission_settings: Settings) -> Iterator[ConnectionPool[DictConn
     pool.close()
 
 
-WEB_ENV = {"SA_HEARTBEAT_INTERVAL": "0.2", "SA_SSE_KEEPALIVE": "1"}
+WEB_ENV = {"SA_HEARTBEAT_INTERVAL": "0.2", "SA_SSE_KEEPALIVE": "1", "SA_SSE_TOKEN_CHECK": "0.5"}
 
 
 @pytest.fixture(scope="module")
@@ -392,6 +392,20 @@ def test_the_page_falls_back_to_polling_when_the_web_stops_and_converges_when_it
         again = f"after the restart {uuid.uuid4().hex[:6]}"
         viewer.submit(again)
         drop_in(page, again, "succeeded")
+
+
+def test_revoking_the_token_signs_the_open_page_out_and_leaves_nothing_of_it_on_screen(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    text = f"private {uuid.uuid4().hex[:6]}"
+    viewer.submit(text)
+    drop_in(page, text, "succeeded")
+    assert revoke_token(mission_pool, viewer.token) is not None
+    until(page, lambda d: _visible(d, "signin"))
+    assert text not in page.find_element(By.TAG_NAME, "body").text
+    assert connection(page) == "signedout"
 
 
 def test_the_operator_view_refuses_a_token_without_the_ops_scope(

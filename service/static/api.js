@@ -49,9 +49,10 @@ export function el(tag, props = {}, ...children) {
 
 export function announce(message) {
   const node = $("announcer");
-  // NOTE: cleared first so that the same message twice is still read out.
+  // NOTE: cleared first so that the same message twice is still read out (a timer, not an
+  // animation frame, which a background tab never gets).
   node.textContent = "";
-  requestAnimationFrame(() => { node.textContent = message; });
+  setTimeout(() => { node.textContent = message; }, 30);
 }
 
 const MODE_TEXT = {
@@ -71,8 +72,7 @@ export function setConnection(mode, reachable = true) {
   node.textContent = MODE_TEXT[mode] + (reachable ? "" : " · server unreachable, retrying");
 }
 
-// Shows the sign-in form until a session exists, then calls onSignedIn(who). Returns a function
-// that shows the form again (the session ended).
+// Shows the sign-in form until a session exists, then calls onSignedIn(who).
 export function setupSession(onSignedIn) {
   const form = $("signin-form");
   const signedOut = () => {
@@ -116,5 +116,4 @@ export function setupSession(onSignedIn) {
     }
   };
   check();
-  return signedOut;
 }

@@ -23,7 +23,6 @@ let again = false;
 let stream = null;
 let streamOpenedAt = 0;
 let pollTimer = null;
-let signedOut = () => {};
 let threadOf = null;
 
 function short(text, n = 60) {
@@ -31,8 +30,10 @@ function short(text, n = 60) {
   return flat.length > n ? `${flat.slice(0, n - 1)}…` : flat;
 }
 
+// NOTE: a session that ended (401) reloads the page: nothing of this viewer stays on screen for
+// whoever signs in next.
 function failed(err) {
-  if (err.status === 401) { closeStream(); stopPolling(); signedOut(); return true; }
+  if (err.status === 401) { closeStream(); stopPolling(); location.reload(); return true; }
   return false;
 }
 
@@ -333,4 +334,4 @@ $("thread-close").addEventListener("click", closeThread);
 document.addEventListener("keydown", (event) => {
   if (event.key === "Escape" && threadOf) closeThread();
 });
-signedOut = setupSession(begin);
+setupSession(begin);

@@ -6,7 +6,6 @@ import { $, announce, api, el, setConnection, setupSession } from "./api.js";
 const REFRESH_MS = 3000;
 const STATES = ["queued", "running", "succeeded", "failed", "cancelled", "superseded"];
 let timer = null;
-let signedOut = () => {};
 
 function seconds(value) {
   if (value === null || value === undefined) return "–";
@@ -35,7 +34,7 @@ async function act(label, job, path) {
     await api("POST", `/ops/jobs/${job.id}/${path}`);
     announce(`${label}: job ${job.id.slice(0, 8)} of org ${job.org_id}.`);
   } catch (err) {
-    if (err.status === 401) { signedOut(); return; }
+    if (err.status === 401) { location.reload(); return; }
     $("action-error").textContent = `${label} failed: ${err.message}`;
   }
   refresh();
@@ -67,7 +66,7 @@ async function refresh() {
     setConnection("live", true);
     $("conn").textContent = `Refreshed ${new Date().toLocaleTimeString()} (every ${REFRESH_MS / 1000} s)`;
   } catch (err) {
-    if (err.status === 401) { signedOut(); return; }
+    if (err.status === 401) { location.reload(); return; }
     if (err.status === 403) {
       $("app").hidden = true;
       $("refused").hidden = false;
@@ -77,7 +76,9 @@ async function refresh() {
     }
     setConnection("polling", false);
   }
+  // NOTE: an action's refresh may overlap the timer's; one timer stays.
+  clearTimeout(timer);
   timer = setTimeout(refresh, REFRESH_MS);
 }
 
-signedOut = setupSession(() => refresh());
+setupSession(() => refresh());
