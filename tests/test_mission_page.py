@@ -394,6 +394,32 @@ def test_the_page_falls_back_to_polling_when_the_web_stops_and_converges_when_it
         drop_in(page, again, "succeeded")
 
 
+def test_a_page_refused_its_stream_converges_by_polling_and_goes_live_once_a_stream_is_free(
+    page: WebDriver, mission_settings: Settings, mission_pool: ConnectionPool[DictConnection],
+    tmp_path: Path, web: str,
+) -> None:
+    with gunicorn(mission_settings, tmp_path, **{**WEB_ENV, "SA_SSE_MAX_STREAMS_PER_TOKEN": "1"}) as base:
+        viewer = Viewer(mission_pool, base)
+        viewer.sign_in(page)
+        until(page, lambda d: connection(d) == "live")
+        first = page.current_window_handle
+        page.switch_to.new_window("tab")
+        page.get(f"{base}/mission")
+        # NOTE: the token's one stream is the first tab's: this tab's stream is refused (429).
+        until(page, lambda d: connection(d) == "polling")
+        text = f"polled {uuid.uuid4().hex[:6]}"
+        viewer.submit(text)
+        done = drop_in(page, text, "succeeded")
+        assert done["response"] == f"echo[1]: user:{text}"
+        assert connection(page) == "polling"
+        assert page.find_element(By.ID, "conn").get_attribute("data-reachable") == "true"
+        second = page.current_window_handle
+        page.switch_to.window(first)
+        page.close()
+        page.switch_to.window(second)
+        until(page, lambda d: connection(d) == "live")
+
+
 def test_revoking_the_token_signs_the_open_page_out_and_leaves_nothing_of_it_on_screen(
     page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
 ) -> None:

@@ -8,7 +8,7 @@
 import { $, API, announce, api, el, setConnection, setupSession } from "./api.js";
 
 const POLL_MS = 2000;
-const STREAM_RETRY_MS = 10000;
+const STREAM_RETRY_MS = 5000;
 const ACTIVE = new Set(["queued", "running"]);
 const STATE_CLASS = {
   queued: "is-queued", running: "is-pending", succeeded: "is-settled", failed: "is-orphan",
