@@ -66,7 +66,10 @@ def mission_pool(mission_settings: Settings) -> Iterator[ConnectionPool[DictConn
     pool.close()
 
 
-WEB_ENV = {"SA_HEARTBEAT_INTERVAL": "0.2", "SA_SSE_KEEPALIVE": "1", "SA_SSE_TOKEN_CHECK": "0.5"}
+# NOTE: a small pool: the module runs up to two web processes and a worker on a Postgres that
+# other test runs may share.
+WEB_ENV = {"SA_HEARTBEAT_INTERVAL": "0.2", "SA_SSE_KEEPALIVE": "1", "SA_SSE_TOKEN_CHECK": "0.5",
+           "SA_POOL_MAX_SIZE": "4"}
 
 
 @pytest.fixture(scope="module")
