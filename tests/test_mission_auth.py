@@ -232,11 +232,15 @@ def test_the_pages_are_public_with_a_strict_csp_and_the_api_keeps_its_headers(
         assert api.headers[name.lower()] == value
 
 
-def test_the_pages_hold_no_inline_script_or_style() -> None:
+def test_the_pages_hold_no_inline_script_or_style_and_never_submit_the_token_in_a_url() -> None:
+    # NOTE: should the scripts not run, a native submit of the sign-in form would put the token
+    # in a URL: the fields have no name (nothing to submit) and the CSP forbids form submission.
+    assert "form-action 'none'" in PAGE_CSP
     for page in STATIC_DIR.glob("*.html"):
         html = page.read_text()
         assert not re.search(r"<script(?![^>]*\bsrc=)", html), page.name
         assert "<style" not in html and " style=" not in html and re.search(r"\son\w+=", html) is None
+        assert re.search(r"<(input|textarea)[^>]*\bname=", html) is None, page.name
     for script in STATIC_DIR.glob("*.js"):
         source = script.read_text()
         assert "innerHTML" not in source and "eval(" not in source, script.name

@@ -43,7 +43,8 @@ async function act(label, job, path) {
 function render(view) {
   const metrics = view.metrics;
   const orgs = [{ ...metrics.all, org_id: "all" }, ...metrics.orgs];
-  table("depth", ["org", ...STATES], orgs.map((o) => [o.org_id, ...STATES.map((s) => o.jobs_by_state[s])]));
+  table("depth", ["org", ...STATES, "oldest due queued"], orgs.map((o) => [
+    o.org_id, ...STATES.map((s) => o.jobs_by_state[s]), o.queued_due ? seconds(o.oldest_queued_seconds) : "–"]));
   $("oldest").textContent = `Oldest queued job waiting: ${seconds(metrics.all.oldest_queued_seconds)}`
     + ` · due now: ${metrics.all.queued_due}`;
   table("running", ["job", "org", "attempt", "worker", "since", ""], view.running.map((j) => [
