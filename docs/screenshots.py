@@ -93,7 +93,7 @@ def main() -> None:
                     driver.save_screenshot(str(DOCS / "mission-desktop.png"))
                     driver.set_window_size(390, 1400)
                     driver.save_screenshot(str(DOCS / "mission-phone.png"))
-                    driver.set_window_size(1280, 800)
+                    driver.set_window_size(1280, 900)
                     driver.get(base + "/mission/ops")
                     wait.until(lambda d: d.execute_script(
                         "return document.querySelectorAll('#running button').length === 2"))
