@@ -47,7 +47,7 @@ function render(view) {
     o.org_id, ...STATES.map((s) => o.jobs_by_state[s]), o.queued_due ? seconds(o.oldest_queued_seconds) : "–"]));
   $("oldest").textContent = `Oldest queued job waiting: ${seconds(metrics.all.oldest_queued_seconds)}`
     + ` · due now: ${metrics.all.queued_due}`;
-  table("running", ["job", "org", "attempt", "worker", "last update", ""], view.running.map((j) => [
+  table("running", ["job", "org", "attempt", "worker", "last change", ""], view.running.map((j) => [
     j.id.slice(0, 8), j.org_id, `${j.attempt}/${j.max_attempts}`, j.worker_claim || "–",
     new Date(j.updated_at).toLocaleTimeString(), action("Cancel", j, "cancel")]));
   const kinds = Object.entries(metrics.all.errors_by_kind);
