@@ -19,9 +19,11 @@ from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.core.states import JobState
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from service.auth import API_PREFIX
+from service.resources.events import EVENT_NAME
 from service.validation import (
     CURSOR,
     CURSOR_PATTERN,
+    EVENT_ID_PATTERN,
     IDEMPOTENCY_KEY,
     LAST_EVENT_ID,
     LAST_EVENT_ID_HEADER,
@@ -155,16 +157,34 @@ def _param(param: Param, example: Any) -> dict[str, Any]:
 
 def _links(**targets: tuple[str, str, str]) -> dict[str, Any]:
     """Links from an answer to the operations its ids reach: name -> (operationId, parameter,
-    the answer's field)."""
-    return {name: {"operationId": operation,
-                   "parameters": {parameter: f"$response.body#/{field}"}}
-            for name, (operation, parameter, field) in targets.items()}
+    the answer's field). A `parent_id` parameter is a follow-up POST /prompt's body field."""
+    links: dict[str, Any] = {}
+    for name, (operation, parameter, field) in targets.items():
+        value = f"$response.body#/{field}"
+        links[name] = {"operationId": operation, **(
+            {"requestBody": {"text": "Go on.", "parent_id": value}} if parameter == "parent_id"
+            else {"parameters": {parameter: value}})}
+    return links
 
 
 _NO_BODY: dict[str, Any] = {
     "required": False,
     "description": NO_BODY.description,
     "content": {"application/json": {"schema": NO_BODY.schema(), "example": {}}},
+}
+
+_EVENT_FRAME: Schema = {
+    "type": "object",
+    "description": "Each event of the stream (Open API 3.1 reads a text/event-stream schema as "
+                   "one event's). `retry:`, lone `id:` and `: keepalive` frames dispatch none.",
+    "required": ["event", "id", "data"],
+    "additionalProperties": False,
+    "properties": {
+        "event": {"type": "string", "const": EVENT_NAME},
+        "id": {"type": "string", "pattern": EVENT_ID_PATTERN},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": _ref(EVENT_SCHEMA)},
+    },
 }
 
 _LOCATION = {"Location": {"description": "The job's URL.", "required": True,
@@ -323,7 +343,8 @@ def _paths() -> dict[str, Any]:
     submitted["links"] = _links(GetJob=("getJob", "job_id", "job_id"),
                                 CancelJob=("cancelJob", "job_id", "job_id"),
                                 GetPrompt=("getPrompt", "prompt_id", "prompt_id"),
-                                RetryPrompt=("retryPrompt", "prompt_id", "prompt_id"))
+                                RetryPrompt=("retryPrompt", "prompt_id", "prompt_id"),
+                                FollowUp=("submitPrompt", "parent_id", "prompt_id"))
     retried = _json("The new job.", _ref("Retried"), {**queued, "supersedes": _OLD_JOB_ID},
                     _LOCATION)
     retried["links"] = _links(GetJob=("getJob", "job_id", "job_id"),
@@ -335,7 +356,8 @@ def _paths() -> dict[str, Any]:
                                "parent_id": _PROMPT_ID, "causation_id": _JOB_ID,
                                "content": "One queue, many workers, nothing lost."},
                   "jobs": [_JOB_EXAMPLE]})
-    view["links"] = _links(RetryPrompt=("retryPrompt", "prompt_id", "prompt/id"))
+    view["links"] = _links(RetryPrompt=("retryPrompt", "prompt_id", "prompt/id"),
+                           FollowUp=("submitPrompt", "parent_id", "prompt/id"))
     recent = {"as_of": _AT, "next_cursor": "AAAAAAAAACo", "has_more": False, "items": [{
         "prompt_id": _PROMPT_ID, "parent_id": None, "text": _PROMPT_EXAMPLE["content"],
         "created_at": "2026-11-30T12:00:00+00:00", "job_id": _JOB_ID, "state": "succeeded",
@@ -426,7 +448,11 @@ def _paths() -> dict[str, Any]:
                 "late, and repeats a prompt only when it changed again."),
             "parameters": [_param(CURSOR, "AAAAAAAAACo"), _param(SINCE, "2026-11-30T12:00:00Z"),
                            _param(RECENT_LIMIT, 50), _param(SCOPE, "user")],
-            "responses": {"200": _json("A page of changes.", _ref("MissionRecent"), recent),
+            "responses": {"200": {**_json("A page of changes.", _ref("MissionRecent"), recent),
+                                  "links": _links(
+                                      FollowUp=("submitPrompt", "parent_id", "items/0/prompt_id"),
+                                      GetPrompt=("getPrompt", "prompt_id", "items/0/prompt_id"),
+                                      GetJob=("getJob", "job_id", "items/0/job_id"))},
                           **_errors("400", "401", "503")}}},
         f"{api}/mission/events": {"get": {
             "operationId": "missionEvents",
@@ -446,8 +472,7 @@ def _paths() -> dict[str, Any]:
                             "schema": {"type": "string"}, "example": "sa_example-token"}],
             "responses": {"200": {"description": "The event stream.",
                                   "content": {"text/event-stream": {
-                                      "schema": {"type": "string"},
-                                      "x-event-data": _ref(EVENT_SCHEMA),
+                                      "schema": _EVENT_FRAME,
                                       "example": "retry: 2000\n\nid: 42\nevent: job.state_changed"
                                                  "\ndata: " + json.dumps(_EVENT_EXAMPLE) + "\n\n"}}},
                           **_errors("400", "401"),
