@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.engine.idempotency import prune_expired_keys
-from jobqueue.operator.archive import ArchiveCursor, Archiver
+from jobqueue.runtime.archive import ArchiveCursor, Archiver
 
 __all__ = ["Retention", "RetentionCounts"]
 

@@ -11,9 +11,9 @@ import pytest
 from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.engine.claim import MAX_DEPTH, Undecodable, options_error
 from jobqueue.engine.reclaim import Reclaimer
-from jobqueue.operator.archive import Archiver
 from jobqueue.operator.operator_commands import parse_instant
 from jobqueue.operator.token_commands import parse_expiry
+from jobqueue.runtime.archive import Archiver
 from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.retention import Retention
 
