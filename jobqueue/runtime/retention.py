@@ -1,8 +1,8 @@
 """Retention: archive old finished jobs and prune expired idempotency keys, as the maintenance leader.
 
 The same work the `archive-old-jobs` and `prune-idempotency-keys` commands do from cron, run on
-an interval by the one worker that holds the maintenance role (DESIGN.md: "runs reclaim and
-retention"), so no system cron is needed. Each part is off when its age is 0.
+an interval by the one worker that holds the maintenance role (docs/architecture.md: the leader
+runs reclaim and retention), so no system cron is needed. Each part is off when its age is 0.
 """
 
 from __future__ import annotations
