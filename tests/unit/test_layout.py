@@ -5,6 +5,7 @@ Read from the source with ast, so an import added anywhere (even inside a functi
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,38 @@ def test_an_upward_import_is_caught() -> None:
     assert "jobqueue.core.policy" not in _imports(source)
     assert _imports(REPO / "jobqueue" / "engine" / "claim.py") & {"jobqueue.core.queries.job",
                                                                   "jobqueue.core.queries"}
+
+
+def _statement_names() -> set[str]:
+    names: set[str] = set()
+    for path in (REPO / "jobqueue" / "core" / "queries").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize("doc", ["docs/architecture.md", "README.md", "ops/README.md"])
+def test_the_docs_cite_files_the_repository_has(doc: str) -> None:
+    text = (REPO / doc).read_text()
+    cited = set(re.findall(r"(?<![\w./-])((?:jobqueue|service|sql|tests|docs|ops|bench)/[\w./@-]*\w)",
+                           text))
+    # NOTE: `NNNN_name.sql` is the migrations' naming pattern, not a file.
+    missing = sorted(path for path in cited
+                     if not (REPO / path).exists() and "NNNN" not in path)
+    assert not missing, f"{doc} cites files the repository does not have: {missing}"
+    assert "DESIGN.md" not in text
+
+
+def test_the_architecture_names_statements_that_exist() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([A-Z][A-Z_]+[A-Z])(?:_\*)?`", text))
+    statements = _statement_names()
+    prefixes = {name for name in named if f"`{name}_*`" in text}
+    unknown = sorted(name for name in named - prefixes
+                     if name.startswith(("JOB_", "PROMPT_", "IDEMPOTENCY_", "ORG_", "MAINTENANCE_",
+                                         "MISSION_", "TOKEN_")) and name not in statements)
+    assert not unknown, f"docs/architecture.md names statements that do not exist: {unknown}"
+    assert all(any(s.startswith(p) for s in statements) for p in prefixes), prefixes
