@@ -157,20 +157,6 @@ def open_http_stream(base: str, headers: dict[str, str], query: str = "") -> Str
 # --- fixtures -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def hub(pool: ConnectionPool[DictConnection], settings: Settings) -> Iterator[EventHub]:
-    """The app's hub, reading every 50 ms without LISTEN (see the wake-up test for LISTEN)."""
-    hub = EventHub.from_settings(pool, replace(settings, listen=False))
-    yield hub
-    hub.stop()
-
-
-@pytest.fixture
-def app(settings: Settings, pool: ConnectionPool[DictConnection],
-        hub: EventHub) -> falcon.App[falcon.Request, falcon.Response]:
-    return create_app(settings, pool, hub=hub)
-
-
 def ready_hub(pool: ConnectionPool[DictConnection], **config: Any) -> EventHub:
     """A hub driven by hand (no thread, no LISTEN): each poll_once() is one read."""
     hub = EventHub(pool, HubConfig(poll_interval=60.0, **config))
