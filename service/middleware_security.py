@@ -14,7 +14,6 @@ import falcon
 import structlog
 
 __all__ = [
-    "PAGE_CSP",
     "SECURITY_HEADERS",
     "QueryParamsMiddleware",
     "RequestLimitsMiddleware",
@@ -41,27 +40,21 @@ class _BodyTimeout(Exception):
     """The client did not send its body within the deadline."""
 
 
-PAGE_CSP = ("default-src 'none'; style-src 'self'; img-src 'self'; frame-ancestors 'none'; "
-            "base-uri 'none'; form-action 'none'")
-"""A Content-Security-Policy for HTML pages: same-origin stylesheets and images, no script, no inline
-style; a page resource opts in with `content_security_policy = PAGE_CSP`."""
-
-
 class SecurityHeadersMiddleware:
     """Adds `SECURITY_HEADERS` to every answer, errors included, and `Cache-Control: no-store`
     unless the resource chose a cache policy itself (an SSE stream says `no-cache`).
 
-    A resource that serves pages sets its own policy as a class attribute
-    `content_security_policy` (e.g. PAGE_CSP); every other answer keeps the API's `default-src 'none'`.
+    A resource that serves a page sets its own Content-Security-Policy, which is kept (only
+    for an answer it completed: an error answer is JSON and gets the API's policy).
     """
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource: object,
                          req_succeeded: bool) -> None:
         """Sets the headers; runs for every request, even one a middleware rejected."""
+        page_csp = resp.get_header("Content-Security-Policy") if req_succeeded else None
         resp.set_headers(SECURITY_HEADERS)
-        policy = getattr(resource, "content_security_policy", None)
-        if policy is not None:
-            resp.set_header("Content-Security-Policy", policy)
+        if page_csp is not None:
+            resp.set_header("Content-Security-Policy", page_csp)
         if resp.get_header("Cache-Control") is None:
             resp.set_header("Cache-Control", "no-store")
 

@@ -263,6 +263,8 @@ def test_a_replay_is_bounded_per_stream_and_the_reconnects_deliver_everything_on
     ({}, "last_event_id=" + "9" * 4300),
     ({}, f"last_event_id={2**63}"),
     ({}, "last_event_id=-1"),
+    ({"Last-Event-ID": "0"}, "last_event_id=-1"),
+    ({"Last-Event-ID": "0"}, "last_event_id=%205"),
 ])
 def test_a_huge_or_malformed_last_event_id_is_a_400(
     client: falcon.testing.TestClient, auth: dict[str, str], headers: dict[str, str], query: str,

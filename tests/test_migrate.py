@@ -61,7 +61,7 @@ def test_every_applied_file_has_its_checksum_recorded(scratch: str) -> None:
 def test_a_database_migrated_before_checksums_gets_them_filled_in(scratch: str, tmp_path: Path) -> None:
     old = _copy(tmp_path / "old", keep=lambda name: name < "0010")
     migrate(scratch, old)
-    assert migrate(scratch) == ["0010_migration_checksum"]
+    assert migrate(scratch) == sorted(p.stem for p in SHIPPED.glob("*.sql") if p.name >= "0010")
     assert _ledger(scratch) == {p.stem: _sha(p) for p in SHIPPED.glob("*.sql")}
 
 

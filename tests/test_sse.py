@@ -424,9 +424,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def gunicorn(settings: Settings, tmp_path: Path, **env: str) -> Iterator[str]:
-    """Runs the web process exactly as the Procfile does (one gevent worker); yields its base URL."""
-    port = _free_port()
+def gunicorn(settings: Settings, tmp_path: Path, port: int | None = None, **env: str) -> Iterator[str]:
+    """Runs the web process exactly as the Procfile does (one gevent worker); yields its base URL.
+
+    A given `port` lets a test start the web again where its clients expect it.
+    """
+    port = port or _free_port()
     log = (tmp_path / f"gunicorn-{port}.log").open("wb")
     web = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf", "service.app:create_app()"],

@@ -18,7 +18,6 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.states import JobState
-from jobqueue.operator.archive import Archiver
 from jobqueue.operator.cli_pool import Answer, with_cli_pool
 from jobqueue.operator.inspection import (
     JobDetails,
@@ -28,6 +27,7 @@ from jobqueue.operator.inspection import (
     list_jobs,
     queue_metrics,
 )
+from jobqueue.runtime.archive import Archiver
 
 __all__ = ["add_operator_commands", "parse_instant"]
 
