@@ -47,7 +47,7 @@ from selenium.webdriver.common.keys import Keys  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
-WAIT = 15.0
+WAIT = 30.0
 """Seconds any page state is waited for; the page is polled every 50 ms, never slept on."""
 
 _org_ids = iter(range(100, 10_000))
@@ -208,6 +208,16 @@ def connection(driver: WebDriver) -> str:
     return mode
 
 
+@pytest.fixture(autouse=True)
+def _no_job_left_running(mission_pool: ConnectionPool[DictConnection]) -> Iterator[None]:
+    """Cancels what a failed test left queued or running (its blockers hold the worker's slots
+    for a minute), so one failure does not starve the tests after it."""
+    yield
+    with mission_pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET state = 'cancelled', finished_at = now() "
+                     "WHERE state IN ('queued', 'running')")
+
+
 def occupy_worker(viewer: Viewer) -> list[str]:
     """Fills both of the worker's slots with prompts that take a minute; returns their job ids."""
     return [viewer.submit(f"blocker {n} [fake:latency=60]")["job_id"] for n in range(2)]
@@ -223,7 +233,7 @@ def test_a_prompt_goes_queued_running_succeeded_with_its_response_shown(
     text = f"hello {uuid.uuid4().hex[:6]} [fake:latency=1]"
     compose(page, text)
     assert drop_in(page, text, "queued")["buttons"] == ["Cancel"]
-    assert page.find_element(By.ID, "announcer").text.startswith("Sent:")
+    until(page, lambda d: d.find_element(By.ID, "announcer").text.startswith("Sent:"))
     for job_id in blockers:
         viewer.cancel(job_id)
     assert drop_in(page, text, "running")["buttons"] == ["Cancel"]
