@@ -44,7 +44,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-__all__ = ["Bouncer", "Cluster", "Host", "Hosts", "Process", "conninfo_host_port", "free_port",
+__all__ = ["COUNTS", "Bouncer", "Cluster", "Host", "Hosts", "Process", "conninfo_host_port", "free_port",
            "procfile_command", "reap_stale", "unavailable"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -368,6 +368,10 @@ class Hosts:
             "SA_LOCK_TIMEOUT": "0",
         }
 
+    def counts(self) -> dict[str, int]:
+        """Prompts, jobs by outcome and the anomalies (lost, stuck, duplicated), read directly."""
+        return {k: int(v) for k, v in self.sql(COUNTS)[0].items()}
+
     def sql(self, statement: str, params: Sequence[Any] | dict[str, Any] | None = None,
             ) -> list[dict[str, Any]]:
         """Runs one statement on the direct connection (for the tests' counts)."""
@@ -375,6 +379,26 @@ class Hosts:
                              connect_timeout=10) as conn:
             cur = conn.execute(statement, params)  # type: ignore[arg-type]
             return list(cur.fetchall()) if cur.description else []
+
+
+COUNTS = """
+SELECT (SELECT count(*) FROM sa_entity WHERE kind = 'prompt') AS prompts,
+       (SELECT count(*) FROM sa_job WHERE state = 'succeeded') AS succeeded,
+       (SELECT count(*) FROM sa_job WHERE state NOT IN ('queued', 'running', 'succeeded'))
+           AS ended_otherwise,
+       (SELECT count(*) FROM sa_entity p WHERE p.kind = 'prompt'
+           AND NOT EXISTS (SELECT 1 FROM sa_job j WHERE j.prompt_id = p.id)) AS lost,
+       (SELECT count(*) FROM sa_job WHERE state IN ('queued', 'running')) AS stuck,
+       (SELECT count(*) FROM (SELECT prompt_id FROM sa_job GROUP BY prompt_id
+                              HAVING count(*) > 1) d) AS duplicated_jobs,
+       (SELECT count(*) FROM (SELECT parent_id FROM sa_entity WHERE kind = 'response'
+                              GROUP BY parent_id HAVING count(*) > 1) d) AS duplicated_responses,
+       (SELECT count(*) FROM sa_job j WHERE j.state = 'succeeded' AND (
+            SELECT count(*) FROM sa_ledger l WHERE l.job_id = j.id AND l.outcome = 'succeeded')
+            <> 1) AS ledger_mismatches,
+       (SELECT count(*) FROM sa_job WHERE attempt > 1) AS retried
+"""
+"""Exact outcome counts: 0 lost, 0 stuck and 0 duplicated is what every fault must end with."""
 
 
 def _checked(args: Sequence[str], env: dict[str, str] | None = None) -> None:
