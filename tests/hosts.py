@@ -52,6 +52,8 @@ VENV_BIN = Path(sys.executable).parent
 PREFIX = "sah"
 TMP_PREFIX = "sa-hosts-"
 SERVICE_USER = "postgres"
+PROVIDER_PORT = 9100
+"""Each host's provider listens on its own loopback, so every host uses the same port."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -367,6 +369,25 @@ class Hosts:
             "SA_STATEMENT_TIMEOUT": "0",
             "SA_LOCK_TIMEOUT": "0",
         }
+
+    def start_worker(self, host: Host, latency: float, *, concurrency: int = 4, listen: bool = True,
+                     env: dict[str, str] | None = None) -> Process:
+        """bench/slow_provider.py answering after `latency` s on `host`'s loopback, then the
+        Procfile's worker on `host` calling it, through the pooler (`service_env`)."""
+        provider = host.spawn([str(VENV_BIN / "python"), "-m", "bench.slow_provider",
+                               "--port", str(PROVIDER_PORT), "--latency", str(latency)], {},
+                              "provider")
+        deadline = time.monotonic() + 30
+        while not any("listening on" in line for line in provider.lines()):
+            if provider.popen.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the provider on {host.name} did not start: {provider.lines()}")
+            time.sleep(0.05)
+        return host.spawn(["sh", "-c", f"exec {procfile_command('worker')} --concurrency {concurrency}"],
+                          {**self.service_env(listen=listen), **(env or {}),
+                           "PATH": f"{VENV_BIN}:/usr/bin:/bin",
+                           "SA_PROVIDER_URL": f"http://127.0.0.1:{PROVIDER_PORT}/v1",
+                           "SA_PROVIDER_MODEL": "bench-model", "SA_PROVIDER_API_KEY": "k"},
+                          "worker")
 
     def counts(self) -> dict[str, int]:
         """Prompts, jobs by outcome and the anomalies (lost, stuck, duplicated), read directly."""

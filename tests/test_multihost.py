@@ -29,7 +29,6 @@ REASON = unavailable()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"multi-host harness: {REASON}")
 
 WEB_PORT = 8000
-PROVIDER_PORT = 9100
 FAST = {
     "SA_HEARTBEAT_INTERVAL": "0.5", "SA_STALE_AFTER": "3", "SA_RECLAIM_INTERVAL": "0.5",
     "SA_POLL_INTERVAL": "0.25", "SA_STUCK_AFTER": "120", "SA_SHUTDOWN_GRACE": "3",
@@ -66,17 +65,7 @@ class Site:
             pool.close()
 
     def start_worker(self, host: Host, latency: float, *, listen: bool = True) -> Process:
-        """A provider answering after `latency` s on the host's loopback, then a worker using it."""
-        provider = host.spawn([str(VENV_BIN / "python"), "-m", "bench.slow_provider",
-                               "--port", str(PROVIDER_PORT), "--latency", str(latency)], {},
-                              "provider")
-        wait_for(lambda: any("listening on" in line for line in provider.lines()), timeout=30)
-        return host.spawn(["sh", "-c", f"exec {procfile_command('worker')} --concurrency 4"],
-                          {**self.hosts.service_env(listen=listen), **FAST,
-                           "PATH": f"{VENV_BIN}:/usr/bin:/bin",
-                           "SA_PROVIDER_URL": f"http://127.0.0.1:{PROVIDER_PORT}/v1",
-                           "SA_PROVIDER_MODEL": "bench-model", "SA_PROVIDER_API_KEY": "k"},
-                          "worker")
+        return self.hosts.start_worker(host, latency, listen=listen, env=FAST)
 
     def submit(self, http: httpx.Client, text: str) -> str:
         """POSTs a prompt, retrying through an outage with one Idempotency-Key (never twice)."""
