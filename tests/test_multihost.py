@@ -11,6 +11,7 @@ bench/multihost.py's `--cut`.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 import uuid
@@ -26,7 +27,10 @@ from tests.conftest import wait_for
 from tests.hosts import VENV_BIN, Host, Hosts, Process, procfile_command, unavailable
 
 REASON = unavailable()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=f"multi-host harness: {REASON}")
+# NOTE: .ci/run sets SA_MULTIHOST_REQUIRED where it runs as root: there a missing piece fails
+# the run (Hosts() raises with the reason) instead of skipping the faults unnoticed.
+pytestmark = pytest.mark.skipif(REASON is not None and os.environ.get("SA_MULTIHOST_REQUIRED") != "1",
+                                reason=f"multi-host harness: {REASON}")
 
 WEB_PORT = 8000
 FAST = {
