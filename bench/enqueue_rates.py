@@ -101,7 +101,7 @@ class _Connection:
         return sock
 
 
-class _Connections:
+class Connections:
     """Keep-alive connections driven by one selector loop: no thread, no per-request object.
 
     `idle` is first in, first out, so every connection is used in turn and none sits idle long
@@ -180,7 +180,7 @@ class _Connections:
         self._selector.register(conn.sock, selectors.EVENT_READ, conn)
 
 
-def _request_maker(base: str, path: str, token: str) -> tuple[tuple[str, int], Callable[[int], bytes]]:
+def request_maker(base: str, path: str, token: str) -> tuple[tuple[str, int], Callable[[int], bytes]]:
     """Returns the server address and a function building request i's bytes from a prepared head."""
     host, _, port = base.removeprefix("http://").partition(":")
     address = (host, int(port or 80))
@@ -228,8 +228,8 @@ def _open_loop(base: str, path: str, token: str, rate: float, start: float, warm
     end = start + warmup + seconds
     window = start + warmup
     expected = 200 if path != PROMPT else 202
-    address, make = _request_maker(base, path, token)
-    pool = _Connections(address, connections)
+    address, make = request_maker(base, path, token)
+    pool = Connections(address, connections)
     pending: collections.deque[tuple[int, float]] = collections.deque()
     latencies: list[float] = []
     lags: list[float] = []
@@ -275,8 +275,8 @@ def _closed_loop(base: str, path: str, token: str, start: float, warmup: float, 
     window = start + warmup
     end = window + seconds
     expected = 200 if path != PROMPT else 202
-    address, make = _request_maker(base, path, token)
-    pool = _Connections(address, connections)
+    address, make = request_maker(base, path, token)
+    pool = Connections(address, connections)
     latencies: list[float] = []
     errors = 0
     cpu = _CpuWindow(window, end)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import falcon.testing
 import psycopg
+from psycopg import sql
 
 
 def submit(client: falcon.testing.TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
@@ -22,13 +24,51 @@ def job_state(client: falcon.testing.TestClient, auth: dict[str, str], job_id: s
     return str(result.json["state"])
 
 
-def plan_nodes(conn: psycopg.Connection[Any], statement: Any, params: Any = None) -> list[dict[str, Any]]:
-    """EXPLAINs `statement` and returns every node of its plan, flattened."""
-    row = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s")
+
+
+def plan_tree(conn: psycopg.Connection[Any], statement: Any, params: Any = None, *,
+              generic: bool = False) -> dict[str, Any]:
+    """EXPLAINs `statement` and returns the root node of its plan.
+
+    With `generic`, the plan Postgres caches for a prepared statement (the one a long-lived
+    session reuses) instead of one planned for these values: the statement is PREPAREd with $n
+    placeholders and EXPLAIN EXECUTEd under plan_cache_mode = force_generic_plan. Runs in the
+    caller's transaction.
+    """
+    if not generic:
+        row = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+    else:
+        names: list[str | int] = []
+
+        def number(match: re.Match[str]) -> str:
+            key: str | int = match.group(1) or len(names)
+            if match.group(1) is None or key not in names:
+                names.append(key)
+            return f"${names.index(key) + 1}"
+
+        body = _PLACEHOLDER.sub(number, statement)
+        values = [params[key] for key in names]
+        conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+        conn.execute("PREPARE sa_plan_probe AS " + body)  # type: ignore[arg-type]
+        try:
+            # NOTE: literals, not bound parameters: EXECUTE's arguments take the prepared types.
+            args = sql.SQL(", ").join(sql.Literal(v) for v in values)
+            call = sql.SQL("({})").format(args) if values else sql.SQL("")
+            row = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE sa_plan_probe{}").format(
+                call)).fetchone()
+        finally:
+            conn.execute("DEALLOCATE sa_plan_probe")
     assert row is not None
     plan = row["QUERY PLAN"] if isinstance(row, dict) else row[0]
+    return dict(plan[0]["Plan"])
+
+
+def plan_nodes(conn: psycopg.Connection[Any], statement: Any, params: Any = None, *,
+               generic: bool = False) -> list[dict[str, Any]]:
+    """EXPLAINs `statement` (see `plan_tree`) and returns every node of its plan, flattened."""
 
     def walk(node: dict[str, Any]) -> list[dict[str, Any]]:
         return [node] + [n for child in node.get("Plans", []) for n in walk(child)]
 
-    return walk(plan[0]["Plan"])
+    return walk(plan_tree(conn, statement, params, generic=generic))

@@ -122,4 +122,5 @@ def test_a_bad_provider_or_proxy_url_is_one_line_without_its_password(
     assert "hunter2" not in captured.out + captured.err
     assert "Traceback" not in captured.err
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("sa-core: SA_PROVIDER_URL or proxy setting: ")
+    assert len(lines) == 1 and lines[0].startswith("sa-core: ")
+    assert "provider URL" in lines[0] or "proxy" in lines[0]

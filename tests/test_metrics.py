@@ -101,6 +101,7 @@ def test_metrics_after_real_traffic_match_the_database(
     succeeded = db_count(pool, "to_state = 'succeeded'")
     assert delta("sa_job_transitions_total", from_state="running", to_state="succeeded") == succeeded == 3
     assert delta("sa_job_wait_seconds_count") == claimed
+    assert delta("sa_job_claim_seconds_count") == 1  # the --once round's one claim statement
     assert delta("sa_job_run_seconds_count") == succeeded
     assert delta("sa_provider_request_seconds_count", outcome="ok") == succeeded
 

@@ -7,9 +7,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -208,19 +207,6 @@ def test_reclaim_statement_is_served_by_the_heartbeat_index(
         plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
             "EXPLAIN " + mq.JOB_LIST_RECLAIMABLE_PAGE, params).fetchall())
     assert "sa_job_heartbeat_idx" in plan, plan
-
-
-def test_reclaim_write_is_served_by_an_index(
-    pool: ConnectionPool[DictConnection],
-) -> None:
-    params = {"job_ids": [uuid.uuid4()], "claims": ["w"], "attempts": [1],
-              "to_states": ["failed"], "error_kinds": ["stuck"], "error_messages": ["m"],
-              "as_of": datetime.now(UTC), "stale_after": 1.0, "stuck_after": 5.0}
-    with pool.connection() as conn, conn.transaction():
-        conn.execute("SET LOCAL enable_seqscan = off")
-        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
-            "EXPLAIN " + mq.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE, params).fetchall())
-    assert any(index in plan for index in ("sa_job_pkey", "sa_job_worker_claim_idx")), plan
 
 
 def test_each_reclaim_statement_runs_under_a_statement_timeout(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import falcon.testing
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from tests.conftest import WorkerHarness, fetch_one, wait_for
+from jobqueue.core.wakeup import WakeupSender
+from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
 from tests.helpers import job_state, submit
 
 NEVER = 600.0
@@ -44,3 +46,77 @@ def test_without_listen_the_poll_still_finds_the_job(
     wait_for(lambda: worker.claim_rounds >= 1)
     job_id = submit(client, auth, text="found by polling")["job_id"]
     wait_for(lambda: job_state(client, auth, job_id) == "succeeded")
+
+
+# NOTE: jobs written straight to the table: the trigger no longer notifies, so the only wake-ups
+# are the ones the test's own sender sends.
+QUEUE_JOBS = """
+WITH prompt AS (
+    INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)
+    SELECT g, 'prompt', 1, 10, g, 'burst' FROM (SELECT gen_random_uuid() AS g
+                                                  FROM generate_series(1, %s)) s
+    RETURNING id
+)
+INSERT INTO sa_job (id, prompt_id, org_id, created_by)
+SELECT gen_random_uuid(), id, 1, 10 FROM prompt
+RETURNING id
+"""
+
+
+def _succeeded(pool: ConnectionPool[DictConnection], job_ids: list[str]) -> bool:
+    row = fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE id = ANY(%s::uuid[]) "
+                          "AND state = 'succeeded'", job_ids)
+    return bool(row["n"] == len(job_ids))
+
+
+def test_a_burst_of_wakeups_is_coalesced_while_an_idle_worker_hears_the_first_at_once(
+    database_url: str, pool: ConnectionPool[DictConnection], workers: WorkerHarness,
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as counter:
+        counter.execute("LISTEN sa_job_queued")
+        counter.execute("LISTEN sa_test_done")
+        worker = workers.start(listen=True, poll_interval=NEVER)
+        wait_for(lambda: worker.claim_rounds >= 1)
+        # A window far longer than the test: only the leading edge can wake the worker in time.
+        sender = WakeupSender(database_url, interval=NEVER)
+
+        first = [str(r["id"]) for r in fetch_all(pool, QUEUE_JOBS, 1)]
+        sender.job_queued()
+        wait_for(lambda: _succeeded(pool, first))
+
+        burst = [str(r["id"]) for r in fetch_all(pool, QUEUE_JOBS, 49)]
+        for _ in burst:
+            sender.job_queued()
+        sender.close()  # sends what the window holds
+        wait_for(lambda: _succeeded(pool, burst))
+
+        # Notifications arrive in commit order: once this one is in, every wake-up is counted.
+        with pool.connection() as conn:
+            conn.execute("NOTIFY sa_test_done")
+        heard = []
+        for notify in counter.notifies(timeout=10):
+            if notify.channel == "sa_test_done":
+                break
+            heard.append(notify.payload)
+    assert heard == ["", ""], "50 jobs queued: one wake-up at once, one for the rest of the window"
+    assert sender.sent == 2
+
+
+def test_a_wakeup_sender_whose_connection_died_reconnects_and_still_sends(
+    database_url: str, pool: ConnectionPool[DictConnection],
+) -> None:
+    with psycopg.connect(database_url, autocommit=True) as counter:
+        counter.execute("LISTEN sa_job_event")
+        sender = WakeupSender(database_url, interval=0.0)
+        sender.job_changed()
+        assert next(counter.notifies(timeout=10)).channel == "sa_job_event"
+        killed = fetch_all(pool, "SELECT pg_terminate_backend(pid) AS done FROM pg_stat_activity "
+                                 "WHERE application_name = 'sa-core wakeup' "
+                                 "AND datname = current_database()")
+        assert killed and all(r["done"] for r in killed)
+
+        sender.job_changed()
+        heard = next(counter.notifies(timeout=10), None)
+        sender.close()
+    assert heard is not None and heard.channel == "sa_job_event"
+    assert sender.sent == 2

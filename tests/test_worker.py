@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 import falcon.testing
 import psycopg
@@ -21,7 +20,6 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.logs import configure_logging
 from jobqueue.core.policy import ErrorKind
-from jobqueue.core.queries import job as job_q
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import finalize
@@ -30,7 +28,7 @@ from jobqueue.engine.enqueue import enqueue
 from jobqueue.operator.migrate import migrate
 from jobqueue.runtime.completer import Completer
 from tests.conftest import fetch_all, fetch_one, wait_for
-from tests.helpers import plan_nodes, submit
+from tests.helpers import submit
 
 WRITES = """
 SELECT (SELECT count(*) FROM sa_entity WHERE kind = 'response') AS responses,
@@ -178,43 +176,6 @@ def test_two_workers_finalizing_the_same_job_leave_one_response(
         t.join()
     assert sorted(results) == [False, False, False, True]
     assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
-
-
-def test_claim_is_served_by_the_partial_claim_index(many_jobs: DictConnection) -> None:
-    nodes = plan_nodes(many_jobs, job_q.JOB_CLAIM_MANY,
-                       {"claim": "w", "limit": 8, "ceiling": 100, "default_depth": 10})
-    scans = [(n["Node Type"], n.get("Index Name")) for n in nodes if n.get("Relation Name") == "sa_job"]
-    assert ("Index Scan", "sa_job_claim_idx") in scans
-    assert all(node != "Seq Scan" for node, _ in scans)
-
-
-_BATCH = [uuid.uuid4() for _ in range(3)]
-_CALL_ROW = {"job_id": _BATCH, "claim": ["w"] * 3, "attempt": [1] * 3, "model": ["m"] * 3,
-             "tokens_in": [1] * 3, "tokens_out": [1] * 3, "latency_ms": [1] * 3,
-             "http_status": [200] * 3}
-_ERROR_ROW = {"error_kind": ["provider_5xx"] * 3, "error_message": ["boom"] * 3}
-
-
-@pytest.mark.parametrize("plan_cache_mode", ["force_custom_plan", "force_generic_plan"])
-@pytest.mark.parametrize(("statement", "params"), [
-    (job_q.JOB_SUCCEED_MANY_IF_CLAIMED,
-     {**_CALL_ROW, "response_id": [uuid.uuid4() for _ in _BATCH], "content": ["a"] * 3}),
-    (job_q.JOB_REQUEUE_MANY_IF_CLAIMED, {**_CALL_ROW, **_ERROR_ROW, "delay": [1.5] * 3}),
-    (job_q.JOB_FAIL_MANY_IF_CLAIMED, {**_CALL_ROW, **_ERROR_ROW}),
-    (job_q.JOB_HEARTBEAT_MANY_IF_CLAIMED, {"job_ids": _BATCH, "claim": "w"}),
-], ids=["succeed", "requeue", "fail", "heartbeat"])
-def test_finalize_and_heartbeat_never_scan_sa_job_sequentially(
-    many_jobs: DictConnection, statement: str, params: dict[str, Any], plan_cache_mode: str,
-) -> None:
-    many_jobs.execute("UPDATE sa_job SET state = 'running', worker_claim = 'w' || (random() * 20)::int "
-                      "WHERE priority < 20")
-    many_jobs.execute("ANALYZE sa_job")
-    many_jobs.execute(f"SET LOCAL plan_cache_mode = {plan_cache_mode}")  # type: ignore[arg-type]
-    nodes = plan_nodes(many_jobs, statement, params)
-    scans = [n for n in nodes if n.get("Relation Name") == "sa_job" and n["Node Type"] != "ModifyTable"]
-    assert scans, nodes
-    assert all(n["Node Type"] in {"Index Scan", "Bitmap Heap Scan"} for n in scans), [
-        (n["Node Type"], n.get("Index Name")) for n in scans]
 
 
 def test_sigterm_finishes_in_flight_work_releases_the_rest_and_exits_zero(

@@ -36,6 +36,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import maintenance as maintenance_q
 from jobqueue.core.queries import metrics as q
 
@@ -87,6 +88,7 @@ def read_queue_figures(pool: ConnectionPool[DictConnection]) -> QueueFigures:
     timeout = {"timeout_ms": str(int(_SCRAPE_TIMEOUT_S * 1000))}
     with pool.connection(timeout=_SCRAPE_TIMEOUT_S) as conn, conn.transaction():
         conn.execute(maintenance_q.MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
+        conn.execute(job_q.JOB_PLAN_SETTINGS)
         row = conn.execute(q.JOB_QUEUE_DEPTH).fetchone()
     assert row is not None
     return QueueFigures(queued=row["queued"], running=row["running"],

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "KEY_TTL_SECONDS", "Settings", "SettingsError"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL", "KEY_TTL_SECONDS", "Settings",
+           "SettingsError", "notify_interval"]
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A chat completion is kilobytes; megabytes mean a misbehaving server (SA_PROVIDER_MAX_RESPONSE_BYTES)."""
@@ -100,6 +101,20 @@ def _origins(env: Mapping[str, str], name: str) -> tuple[str, ...]:
         if scheme not in ("http", "https") or not sep or not rest or "/" in rest:
             raise SettingsError(f"{name}: {origin!r} is not an origin like https://app.example.com")
     return origins
+
+
+DEFAULT_NOTIFY_INTERVAL = 0.01
+"""Seconds over which a process coalesces its wake-up notifications (see jobqueue/core/wakeup.py)."""
+
+
+def notify_interval(env: Mapping[str, str] | None = None) -> float:
+    """Reads `SA_NOTIFY_INTERVAL` (seconds; 0 sends every wake-up as soon as the last one is out).
+
+    Read on its own, not through `Settings`: the process-wide wake-up sender is created where a
+    transition is committed, which holds a pool, not the settings.
+    """
+    return _float(os.environ if env is None else env, "SA_NOTIFY_INTERVAL",
+                  DEFAULT_NOTIFY_INTERVAL, minimum=-1.0)
 
 
 @dataclass(frozen=True)

@@ -8,19 +8,17 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import metrics
+from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import Conflict, NotFound
 from jobqueue.core.queries import job as q
 from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
+from jobqueue.engine import transitions
 
 __all__ = ["Retried", "cancel_job", "retry_job", "retry_prompt"]
-
-log = structlog.get_logger(__name__)
 
 Row = dict[str, Any]
 
@@ -77,13 +75,14 @@ def cancel_job(
         raise NotFound(f"job {job_id} not found")
     if not row.pop("changed"):
         raise Conflict(f"job {job_id} is already {row['state']}; nothing to cancel")
+    wakeup.for_pool(pool).job_changed()
     # NOTE: only a claim sets worker_claim and every way back to 'queued' clears it, so a cancelled
     # job that still has one was running.
     from_state = JobState.RUNNING if row["worker_claim"] else JobState.QUEUED
-    metrics.TRANSITIONS.labels(from_state=from_state, to_state=JobState.CANCELLED).inc()
-    log.info("job.cancelled", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),
-             org_id=row["org_id"], attempt=row["attempt"], from_state=from_state.value,
-             to_state=JobState.CANCELLED.value, worker_id=row["worker_claim"], operator=org_id is None)
+    transitions.record("job.cancelled", from_state, JobState.CANCELLED, job_id=str(row["id"]),
+                       prompt_id=str(row["prompt_id"]), org_id=row["org_id"],
+                       attempt=row["attempt"], worker_id=row["worker_claim"],
+                       operator=org_id is None)
     return row
 
 
@@ -145,21 +144,19 @@ def _retry(
     if row["job_id"] is None:
         raise Conflict(_retry_refusal(row["old_id"], JobState(row["old_state"]),
                                       row["superseded_by"] or superseder))
+    wakeup.for_pool(pool).job_queued()
     _report_retry(row)
     return Retried(prompt_id=row["prompt_id"], job_id=row["job_id"], state=row["state"],
                    supersedes=row["supersedes"], created_at=row["created_at"])
 
 
 def _report_retry(row: Row) -> None:
-    """Counts and logs a retry's two transitions: old job -> superseded, new job created queued."""
-    metrics.TRANSITIONS.labels(from_state=row["old_state"], to_state=JobState.SUPERSEDED).inc()
-    metrics.ENQUEUED.inc()
-    metrics.TRANSITIONS.labels(from_state="none", to_state=JobState.QUEUED).inc()
+    """Records a retry's two transitions: old job -> superseded, new job created queued."""
     scope = {"prompt_id": str(row["prompt_id"]), "org_id": row["org_id"]}
-    log.info("job.superseded", job_id=str(row["old_id"]), from_state=row["old_state"],
-             to_state=JobState.SUPERSEDED.value, superseded_by=str(row["job_id"]), **scope)
-    log.info("job.enqueued", job_id=str(row["job_id"]), from_state=None,
-             to_state=JobState.QUEUED.value, supersedes=str(row["old_id"]), **scope)
+    transitions.record("job.superseded", JobState(row["old_state"]), JobState.SUPERSEDED,
+                       job_id=str(row["old_id"]), superseded_by=str(row["job_id"]), **scope)
+    transitions.record("job.enqueued", None, JobState.QUEUED, job_id=str(row["job_id"]),
+                       supersedes=str(row["old_id"]), **scope)
 
 
 def _retry_refusal(job_id: uuid.UUID, state: JobState, superseded_by: uuid.UUID | None) -> str:

@@ -12,13 +12,15 @@ import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import metrics
+from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.core.queries import entity as q
 from jobqueue.core.queries import idempotency as idempotency_q
 from jobqueue.core.settings import KEY_TTL_SECONDS
+from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
+from jobqueue.engine import transitions
 from jobqueue.engine.idempotency import request_fingerprint
 
 __all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "enqueue"]
@@ -33,9 +35,6 @@ _KEY_ATTEMPTS = 3
 Row = dict[str, Any]
 
 log = structlog.get_logger(__name__)
-
-# PERF: bound once; `labels()` takes a lock and hashes the label values on every call.
-_ENQUEUED_TRANSITION = metrics.TRANSITIONS.labels(from_state="none", to_state="queued")
 
 
 @dataclass(frozen=True)
@@ -114,11 +113,10 @@ def enqueue(
                              prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
                     return replayed
         if row["id"] is not None:
-            metrics.ENQUEUED.inc()
-            _ENQUEUED_TRANSITION.inc()
-            log.info("job.enqueued", job_id=str(row["id"]), prompt_id=str(row["prompt_id"]),
-                     org_id=caller.org_id, user_id=caller.user_id, from_state=None,
-                     to_state="queued", priority=priority)
+            wakeup.for_pool(pool).job_queued()
+            transitions.record("job.enqueued", None, JobState.QUEUED, job_id=str(row["id"]),
+                               prompt_id=str(row["prompt_id"]), org_id=caller.org_id,
+                               user_id=caller.user_id, priority=priority)
             return Enqueued(prompt_id=row["prompt_id"], job_id=row["id"], state=row["state"],
                             created_at=row["created_at"])
         if not row["parent_ok"]:

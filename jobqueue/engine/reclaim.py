@@ -15,11 +15,13 @@ from typing import Any
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import metrics
+from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection, borrow
 from jobqueue.core.policy import ReclaimCandidate, ReclaimDecision, RetryAction, decide_reclaim
 from jobqueue.core.queries import maintenance as q
 from jobqueue.core.settings import Settings
+from jobqueue.core.states import JobState
+from jobqueue.engine import transitions
 
 __all__ = ["ReclaimCounts", "Reclaimer"]
 
@@ -142,15 +144,15 @@ class Reclaimer:
             "stale_after": self.config.stale_after,
             "stuck_after": self.config.stuck_after,
         }).fetchall()
+        if written:
+            wakeup.notify_with(conn, queued=any(out["state"] == "queued" for out in written))
         for out in written:
             read, decision = decided[out["id"]]
-            metrics.TRANSITIONS.labels(from_state="running", to_state=out["state"]).inc()
-            metrics.FAILURES.labels(error_kind=decision.kind.value).inc()
-            log.warning(
-                "job.reclaimed", job_id=str(out["id"]), prompt_id=str(out["prompt_id"]),
-                org_id=out["org_id"], from_state="running", to_state=out["state"],
-                attempt=out["attempt"], max_attempts=read["max_attempts"],
-                error_kind=decision.kind.value, lost_claim=read["worker_claim"],
+            transitions.record(
+                "job.reclaimed", JobState.RUNNING, JobState(out["state"]),
+                error_kind=decision.kind, level="warning", job_id=str(out["id"]),
+                prompt_id=str(out["prompt_id"]), org_id=out["org_id"], attempt=out["attempt"],
+                max_attempts=read["max_attempts"], lost_claim=read["worker_claim"],
                 started_at=read["started_at"].isoformat(),
                 last_heartbeat=read["last_heartbeat"].isoformat(),
             )

@@ -10,7 +10,6 @@ patch_for_worker(sys.argv[1:])
 
 # NOTE: every import below comes after the worker's monkey-patching (E402 ignored for this file).
 import argparse
-import re
 import signal
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,6 +23,7 @@ from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
 from jobqueue.core.policy import BackoffConfig
 from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
+from jobqueue.core.redact import redact
 from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.devtools import fake_provider
 from jobqueue.engine.control import cancel_job, retry_job
@@ -38,21 +38,11 @@ from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.provider import Provider
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
 
-__all__ = ["main", "redact"]
+__all__ = ["main"]
 
 
 class UsageError(Exception):
     """The command cannot run as asked; printed without a traceback, exit code 2."""
-
-
-# NOTE: the password part of any scheme://user:password@ in a message; a URL from the
-# environment (a proxy, the provider) may carry one, and messages reach terminals and logs.
-_URL_PASSWORD = re.compile(r"""(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^/\s:@]*:)[^\s'"]*@""")
-
-
-def redact(message: str) -> str:
-    """Returns `message` with every URL's password replaced by `***`."""
-    return _URL_PASSWORD.sub(r"\g<head>***@", message)
 
 
 def _migrate(args: argparse.Namespace) -> int:

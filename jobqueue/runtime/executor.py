@@ -118,7 +118,7 @@ class Executor:
             tokens_out=completion.tokens_out,
         )
         won = self.completer.finish(finalize.succeeded(job, completion.content, call))
-        return self._report(bound, won, Outcome.SUCCEEDED, latency_ms=completion.latency_ms)
+        return self._report(bound, won, Outcome.SUCCEEDED)
 
     def _handle_failure(
         self, job: ClaimedJob, failure: ProviderFailure, model: str,
@@ -132,10 +132,9 @@ class Executor:
         if decision.action is RetryAction.RETRY:
             won = self.completer.finish(finalize.requeued(job, failure.kind, message, decision.delay,
                                                           call))
-            return self._report(bound, won, Outcome.REQUEUED, error_kind=failure.kind.value,
-                                delay=round(decision.delay, 3))
+            return self._report(bound, won, Outcome.REQUEUED)
         won = self.completer.finish(finalize.failed(job, failure.kind, message, call))
-        return self._report(bound, won, Outcome.FAILED, error_kind=failure.kind.value)
+        return self._report(bound, won, Outcome.FAILED)
 
     def fail_unexpected(self, job: ClaimedJob, exc: BaseException) -> Outcome:
         """Finalizes a job whose run raised something unforeseen, as `unknown` (retryable)."""
@@ -146,16 +145,12 @@ class Executor:
                                                       self.default_model), bound)
 
     @staticmethod
-    def _report(
-        bound: structlog.typing.FilteringBoundLogger, won: bool, outcome: Outcome,
-        **fields: object,
-    ) -> Outcome:
+    def _report(bound: structlog.typing.FilteringBoundLogger, won: bool, outcome: Outcome) -> Outcome:
+        """The outcome, or CLAIM_LOST when the finalize found the job no longer ours.
+
+        NOTE: a written finalize is logged with its transition (jobqueue/engine/transitions.py).
+        """
         if not won:
             bound.warning("job.claim_lost", intended=outcome.value)
             return Outcome.CLAIM_LOST
-        bound.info("job.finalized", outcome=outcome.value, from_state="running",
-                   to_state=_TO_STATE[outcome], **fields)
         return outcome
-
-
-_TO_STATE = {Outcome.SUCCEEDED: "succeeded", Outcome.REQUEUED: "queued", Outcome.FAILED: "failed"}

@@ -22,9 +22,10 @@ from typing import Any
 
 from jobqueue.core import metrics
 from jobqueue.core.policy import ErrorKind, classify_status, parse_retry_after
+from jobqueue.core.redact import redact
 from jobqueue.core.settings import DEFAULT_MAX_RESPONSE_BYTES
 
-__all__ = ["Completion", "Provider", "ProviderFailure", "redact_url"]
+__all__ = ["Completion", "Provider", "ProviderFailure"]
 
 # NOTE: keep stored error messages short; provider bodies can be large.
 _MESSAGE_LIMIT = 500
@@ -108,7 +109,7 @@ class Provider:
             port = -1
         if url.scheme not in ("http", "https") or not url.hostname or port == -1:
             raise ValueError("provider URL must be http(s)://host[:port][/path][?query], "
-                             f"not {redact_url(base_url)!r}")
+                             f"not {redact(base_url)!r}")
         self._tls = ssl.create_default_context() if url.scheme == "https" else None
         self._host = url.hostname
         self._port = port or (443 if self._tls else 80)
@@ -379,16 +380,6 @@ def _remaining(deadline: float) -> float:
     return left
 
 
-def redact_url(url: str) -> str:
-    """`url` with any password replaced by `***`, for messages and logs."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rpartition("@")
-    user = netloc[0].partition(":")[0]
-    return urllib.parse.urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[2]}"))
-
-
 def _environment_proxy(scheme: str, host: str) -> urllib.parse.SplitResult | None:
     """The proxy the environment names for `scheme`, or None (none named, or NO_PROXY exempts `host`).
 
@@ -406,7 +397,7 @@ def _environment_proxy(scheme: str, host: str) -> urllib.parse.SplitResult | Non
         port = -1
     if parsed.scheme != "http" or not parsed.hostname or port == -1:
         raise ValueError(f"the {scheme} proxy must be http://[user:password@]host[:port], "
-                         f"not {redact_url(parsed.geturl())!r}")
+                         f"not {redact(parsed.geturl())!r}")
     return parsed
 
 

@@ -21,8 +21,8 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from jobqueue.core.queries import job as q
 from jobqueue.engine.claim import ClaimedJob, claim
+from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.runtime.completer import FinishTimeout
 from jobqueue.runtime.executor import Executor, Outcome, RunControl
 
@@ -212,9 +212,6 @@ class Worker:
                      self.config.org_max_running)
         self.claim_rounds += 1
         for job in jobs:
-            self.log.info("job.claimed", job_id=str(job.id), prompt_id=str(job.prompt_id),
-                          org_id=job.org_id, attempt=job.attempt, from_state="queued",
-                          to_state="running")
             run = _Run(job, RunControl(partial(self._call_returned, job.id)))
             with self._lock:
                 self._inflight[job.id] = run
@@ -289,12 +286,7 @@ class Worker:
             snapshot = dict(self._inflight)
         if not snapshot:
             return 0
-        with self.pool.connection() as conn:
-            rows = conn.execute(
-                q.JOB_HEARTBEAT_MANY_IF_CLAIMED,
-                {"job_ids": list(snapshot), "claim": self.worker_id},
-            ).fetchall()
-        alive = {(r["id"], r["attempt"]) for r in rows}
+        alive = heartbeat(self.pool, self.worker_id, snapshot)
         # NOTE: a job whose finalize began during this UPDATE is not lost: it may just have
         # committed; its own guarded write tells.
         lost = [run for run in snapshot.values()
@@ -326,6 +318,5 @@ class Worker:
             leftovers = list(self._inflight.values())
         for run in leftovers:
             run.control.abandon()
-        with self.pool.connection() as conn:
-            released = conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, (self.worker_id,)).fetchall()
-        self.log.warning("worker.released", jobs=len(released), outcome=Outcome.ABANDONED.value)
+        released = release(self.pool, self.worker_id)
+        self.log.warning("worker.released", jobs=released, outcome=Outcome.ABANDONED.value)

@@ -3,7 +3,7 @@
 --   psql "$DATABASE_URL" -v job_id=<uuid> [-v reason='why'] -f sql/ops/cancel_job.sql
 --
 -- Same effect as `sa-core cancel-job ID`: queued|running -> cancelled, finished_at and
--- error_message set, one sa_job_event row written and NOTIFYed by the trigger. A running job's
+-- error_message set, one sa_job_event row written by the trigger and NOTIFYed below. A running job's
 -- worker loses its claim: its heartbeat abandons the provider call and its conditional finalize
 -- writes nothing (no response, ledger or audit row).
 --
@@ -38,6 +38,8 @@ RETURNING id AS job_id, prompt_id, org_id, state, attempt, max_attempts,
 
 SELECT :ROW_COUNT = 1 AS cancelled, :'job_id' AS job_id \gset
 \if :cancelled
+    -- Wake the SSE streams (the trigger no longer notifies: 0006_notify_out_of_band.sql).
+    NOTIFY sa_job_event;
     COMMIT;
     \echo 'job' :job_id 'cancelled'
 \else

@@ -5,7 +5,7 @@
 -- Same effect as `sa-core retry-job ID` (jobqueue/engine/control.py, JOB_RETRY_ANY_ORG_IF_FINISHED): in
 -- ONE transaction the old job goes succeeded|failed|cancelled -> superseded and a new queued
 -- job is inserted with supersedes = the old id, the same prompt, org, user, priority,
--- max_attempts and execution options, and attempt 1. Workers wake on the trigger's NOTIFY.
+-- max_attempts and execution options, and attempt 1. Workers wake on the NOTIFY at the end.
 --
 -- The transition trigger sa_job_guard (0001_core_schema.sql) refuses a queued or running job
 -- (cancel it first: sql/ops/cancel_job.sql) and an already superseded one, with its message;
@@ -47,6 +47,11 @@ SELECT gen_random_uuid(), prompt_id, priority, max_attempts, execution_options, 
   FROM sa_job
  WHERE id = :'job_id'
 RETURNING id AS new_job_id, prompt_id, org_id, state, supersedes;
+
+-- Wake the workers and the SSE streams, at commit (the trigger no longer notifies:
+-- 0006_notify_out_of_band.sql).
+NOTIFY sa_job_queued;
+NOTIFY sa_job_event;
 
 COMMIT;
 \echo 'job' :job_id 'superseded by the new queued job above'

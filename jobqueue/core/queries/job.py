@@ -6,17 +6,16 @@ __all__ = [
     "JOB_CLAIM_MANY",
     "JOB_CLAIM_MANY_ORG_CAPPED",
     "JOB_COLUMNS",
-    "JOB_FAIL_MANY_IF_CLAIMED",
     "JOB_GET",
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_FOR_PROMPT",
+    "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
     "JOB_RELEASE_MANY_IF_CLAIMED",
-    "JOB_REQUEUE_MANY_IF_CLAIMED",
     "JOB_RETRY_IF_FINISHED",
     "JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED",
-    "JOB_SUCCEED_MANY_IF_CLAIMED",
+    "JOB_SET_STATE_IF_RUNNING_MANY",
 ]
 
 JOB_COLUMNS = """
@@ -31,6 +30,10 @@ error_message, supersedes, org_id, created_by, scheduled_for, created_at, update
 # NOTE: the depth is read with no cast that can fail (one undecodable row would fail the whole
 # claim, for every worker): a depth that is not 0..99 reads no ancestor, and claim.py then fails
 # that job as invalid_options.
+# PERF: the entities are looked up by id alone and their org checked on the rows found (a row
+# of another org is neither returned nor followed). With `org_id = ...` beside `id = ...` in the
+# lookup, statistics taken on a small table let the planner walk sa_entity_org_updated_idx,
+# every entity of the org for each job claimed: 200 ms a claim after a few thousand jobs.
 _CLAIM_SET = """
 , claimed AS (
     UPDATE sa_job j
@@ -46,14 +49,14 @@ _CLAIM_SET = """
 )
 SELECT claimed.*, (
     WITH RECURSIVE chain AS (
-        SELECT id, kind, parent_id, content, 0 AS depth
+        SELECT id, org_id, kind, parent_id, content, 0 AS depth
           FROM sa_entity
-         WHERE id = claimed.prompt_id AND org_id = claimed.org_id
+         WHERE id = claimed.prompt_id
         UNION ALL
-        SELECT e.id, e.kind, e.parent_id, e.content, chain.depth + 1
+        SELECT e.id, e.org_id, e.kind, e.parent_id, e.content, chain.depth + 1
           FROM sa_entity e
           JOIN chain ON e.id = chain.parent_id
-         WHERE e.org_id = claimed.org_id
+         WHERE chain.org_id = claimed.org_id
            AND chain.depth < CASE
                WHEN NOT claimed.execution_options ? 'depth' THEN %(default_depth)s
                WHEN jsonb_typeof(claimed.execution_options -> 'depth') = 'number'
@@ -64,14 +67,34 @@ SELECT claimed.*, (
     )
     SELECT jsonb_agg(jsonb_build_object('kind', kind, 'content', content) ORDER BY depth DESC)
       FROM chain
+     WHERE org_id = claimed.org_id
 ) AS context
   FROM claimed
  ORDER BY claimed.priority, claimed.scheduled_for
 """
 
+# NOTE: run in the transaction of each claim (and of the scrape-time queue read, JOB_QUEUE_DEPTH)
+# just before the statement: set_config(..., true) is SET LOCAL, so it holds for that
+# transaction only.
+# PERF: a claim must cost the batch, not the backlog. With statistics taken while the queue was
+# small (autoanalyze lags a growing backlog) the planner expected a handful of claimable rows and
+# read EVERY queued row (bitmap scan, or a walk of sa_job_org_queued_idx) to sort them and keep
+# the batch: 67 ms a claim at 100,000 queued against 0.2 ms. With sorts, bitmap scans and
+# sequential scans priced out, the plan left is the walk of sa_job_claim_idx in claim order
+# that stops after the batch, and the update probes sa_job_pkey, whatever the statistics. JIT
+# is off because the price put on a sort that cannot be avoided (the final ORDER BY of the
+# batch) would otherwise make the planner compile the statement: 280 ms. Measured equal in cost
+# to a function carrying the same settings (`SET` attributes), which would also have moved the
+# statement's text out of this module into a migration and kept the org-capped claim outside.
+JOB_PLAN_SETTINGS = """
+SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
+"""
+
 # served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
-# (0001_core_schema.sql). SKIP LOCKED keeps concurrent claimers disjoint; LIMIT is the
-# caller's free slots, so a worker never holds a job it cannot start.
+# (0001_core_schema.sql), walked in claim order and stopped after LIMIT (under
+# JOB_PLAN_SETTINGS), then sa_job_pkey for the update. SKIP LOCKED keeps concurrent claimers
+# disjoint; LIMIT is the caller's free slots, so a worker never holds a job it cannot start.
 JOB_CLAIM_MANY = (
     """
 WITH picked AS (
@@ -97,7 +120,9 @@ JOB_CLAIM_LOCK_ORG_CAPPED = "SELECT pg_advisory_xact_lock(hashtext('sa-core clai
 # served by sa_job_claim_idx for the queued rows and sa_job_worker_claim_idx (worker_claim)
 # WHERE state = 'running' for the running counts. Ranks each org's claimable jobs so one
 # claim never takes more than an org's remaining room (`org_cap` minus its running jobs).
-# PERF: reads every claimable row to rank it; only used when SA_ORG_MAX_RUNNING is set.
+# PERF: reads every claimable row to rank it, so its cost grows with the backlog whatever the plan
+# (the per-org rank needs them all); only used when SA_ORG_MAX_RUNNING is set. It runs under
+# JOB_PLAN_SETTINGS too, so it reads them through sa_job_claim_idx, never the table.
 JOB_CLAIM_MANY_ORG_CAPPED = (
     """
 WITH running AS (
@@ -121,59 +146,52 @@ WITH running AS (
     + _CLAIM_SET
 )
 
-# NOTE: the finishing statements below take a batch of jobs as parallel arrays, one element per
-# job (a batch of one is the single-job case). Each job is guarded on its own: it is written only
-# if it is still running under the same worker_claim and attempt, so a job that was cancelled,
-# reclaimed or re-claimed in between writes nothing while the rest of its batch goes through.
-# PERF: one statement (and one commit) for a whole batch of finalizes.
-_CALL_COLUMNS = (("job_id", "uuid"), ("claim", "text"), ("attempt", "int"), ("model", "text"),
-                 ("tokens_in", "int"), ("tokens_out", "int"), ("latency_ms", "int"),
-                 ("http_status", "int"))
-
-
-def _finish_many_if_claimed(extra_columns: tuple[tuple[str, str], ...], set_clause: str,
-                            writes: str, outcome: str) -> str:
-    """Builds (at import) a claim-guarded batch UPDATE of sa_job, `writes` and a ledger row per job.
-
-    `done` is the batch (one row per job), `job` the rows the UPDATE matched, with the attempt
-    they were claimed at; both can be read by `set_clause` (as done.*), `writes` and `outcome`
-    (an expression over done). The answer is (id, attempt) per job written.
-    """
-    columns = _CALL_COLUMNS + extra_columns
-    arrays = ", ".join(f"%({name})s::{kind}[]" for name, kind in columns)
-    names = ", ".join(name for name, _ in columns)
-    return f"""
+# served by sa_job_pkey (id). River's JobSetStateIfRunningMany: one statement finishes a batch of
+# jobs with mixed outcomes (`to_state` succeeded, queued for a retry, or failed), given as
+# parallel arrays, one element per job; a batch of one is the single-job case. Each job is
+# guarded on its own: it is written only if it is still running under the same worker_claim
+# and attempt, so a job that was cancelled, reclaimed or re-claimed in between writes nothing
+# while the rest of its batch goes through. Per outcome:
+# - succeeded: response_id set; the response entity, its flows-to edge and the audit row are
+#   written for these rows only (response_id's foreign key is deferred to commit because the
+#   entity is written alongside);
+# - queued: the next attempt, due `delay` seconds from now (computed by policy), unclaimed;
+# - failed: finished for good.
+# Every job written gets its ledger row. The statement fails as a whole if any insert does (the
+# completer then splits the batch). The answer is (id, attempt, to_state) per job written, with
+# the attempt it was claimed at.
+# PERF: one statement, so one round trip and one commit for a whole mixed batch.
+JOB_SET_STATE_IF_RUNNING_MANY = """
 WITH done AS (
-    SELECT * FROM unnest({arrays}) AS d({names})
+    SELECT *
+      FROM unnest(%(job_id)s::uuid[], %(claim)s::text[], %(attempt)s::int[],
+                  %(to_state)s::text[], %(model)s::text[], %(tokens_in)s::int[],
+                  %(tokens_out)s::int[], %(latency_ms)s::int[], %(http_status)s::int[],
+                  %(response_id)s::uuid[], %(content)s::text[], %(error_kind)s::text[],
+                  %(error_message)s::text[], %(delay)s::float8[])
+        AS d(job_id, claim, attempt, to_state, model, tokens_in, tokens_out, latency_ms,
+             http_status, response_id, content, error_kind, error_message, delay)
 ), job AS (
     UPDATE sa_job j
-       SET {set_clause}
+       SET state = done.to_state,
+           attempt = CASE WHEN done.to_state = 'queued' THEN j.attempt + 1 ELSE j.attempt END,
+           worker_claim = CASE WHEN done.to_state = 'queued' THEN NULL ELSE j.worker_claim END,
+           running_heartbeat_at = CASE WHEN done.to_state = 'queued' THEN NULL
+                                       ELSE j.running_heartbeat_at END,
+           scheduled_for = CASE WHEN done.to_state = 'queued'
+                                THEN now() + make_interval(secs => done.delay)
+                                ELSE j.scheduled_for END,
+           finished_at = CASE WHEN done.to_state = 'queued' THEN NULL ELSE now() END,
+           response_id = done.response_id,
+           error_kind = done.error_kind,
+           error_message = done.error_message
       FROM done
      WHERE j.id = done.job_id
        AND j.state = 'running'
        AND j.worker_claim = done.claim
        AND j.attempt = done.attempt
-    RETURNING j.id, done.attempt, j.prompt_id, j.org_id, j.created_by
-), {writes}ledger AS (
-    INSERT INTO sa_ledger (org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
-                           http_status, outcome)
-    SELECT job.org_id, job.id, done.attempt, done.model, done.tokens_in, done.tokens_out,
-           done.latency_ms, done.http_status, {outcome}
-      FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
-)
-SELECT id, attempt FROM job
-"""
-
-
-# served by sa_job_pkey (id). The response entity, the flows-to edge and the audit row select
-# FROM the jobs the UPDATE matched, so they exist only for those (the statement fails as a
-# whole if any insert does). response_id's foreign key is
-# deferred to commit because the entity is written alongside.
-JOB_SUCCEED_MANY_IF_CLAIMED = _finish_many_if_claimed(
-    (("response_id", "uuid"), ("content", "text")),
-    """state = 'succeeded', response_id = done.response_id, finished_at = now(),
-           error_kind = NULL, error_message = NULL""",
-    """response AS (
+    RETURNING j.id, done.attempt, done.to_state, j.prompt_id, j.org_id, j.created_by
+), response AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, parent_id, correlation_id,
                            causation_id, content, source_refs, truth_class, state_class)
     SELECT done.response_id, 'response', job.org_id, job.created_by, job.prompt_id,
@@ -181,6 +199,7 @@ JOB_SUCCEED_MANY_IF_CLAIMED = _finish_many_if_claimed(
       FROM job
       JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
       JOIN sa_entity prompt ON prompt.id = job.prompt_id
+     WHERE job.to_state = 'succeeded'
     RETURNING id, parent_id, org_id, created_by
 ), edge AS (
     INSERT INTO sa_edge (org_id, kind, from_id, to_id)
@@ -190,29 +209,17 @@ JOB_SUCCEED_MANY_IF_CLAIMED = _finish_many_if_claimed(
     SELECT job.org_id, job.created_by, 'response.created', done.response_id, job.id,
            jsonb_build_object('prompt_id', job.prompt_id, 'attempt', done.attempt)
       FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
-), """,
-    "'succeeded'",
+     WHERE job.to_state = 'succeeded'
+), ledger AS (
+    INSERT INTO sa_ledger (org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
+                           http_status, outcome)
+    SELECT job.org_id, job.id, done.attempt, done.model, done.tokens_in, done.tokens_out,
+           done.latency_ms, done.http_status,
+           CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END
+      FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
 )
-
-_ERROR_COLUMNS = (("error_kind", "text"), ("error_message", "text"))
-
-# served by sa_job_pkey (id). `delay` is seconds from the decision, computed by policy.
-JOB_REQUEUE_MANY_IF_CLAIMED = _finish_many_if_claimed(
-    (*_ERROR_COLUMNS, ("delay", "float8")),
-    """state = 'queued', attempt = j.attempt + 1, worker_claim = NULL,
-           running_heartbeat_at = NULL,
-           scheduled_for = now() + make_interval(secs => done.delay),
-           error_kind = done.error_kind, error_message = done.error_message""",
-    "", "done.error_kind",
-)
-
-# served by sa_job_pkey (id)
-JOB_FAIL_MANY_IF_CLAIMED = _finish_many_if_claimed(
-    _ERROR_COLUMNS,
-    """state = 'failed', finished_at = now(),
-           error_kind = done.error_kind, error_message = done.error_message""",
-    "", "done.error_kind",
-)
+SELECT id, attempt, to_state FROM job
+"""
 
 # served by sa_job_pkey (id). Fails claimed jobs the worker cannot run at all (claim.py's
 # decode refused their execution_options): no provider call was made, so no ledger row.
@@ -245,8 +252,8 @@ JOB_RELEASE_MANY_IF_CLAIMED = """
 UPDATE sa_job
    SET state = 'queued', worker_claim = NULL, running_heartbeat_at = NULL,
        scheduled_for = now()
- WHERE state = 'running' AND worker_claim = %s
-RETURNING id
+ WHERE state = 'running' AND worker_claim = %(claim)s
+RETURNING id, prompt_id, org_id, attempt
 """
 
 # served by sa_job_pkey (id)

@@ -5,16 +5,29 @@ __all__ = [
     "JOB_EVENT_LIST_AFTER",
     "JOB_EVENT_LIST_FOR_ORG_BETWEEN",
     "JOB_EVENT_LIST_FOR_USER_BETWEEN",
+    "JOB_EVENT_NOTIFY_MANY",
     "JOB_EVENT_SEQUENCE_LAST",
     "JOB_EVENT_WRITERS_HOLDING",
     "JOB_QUEUED_LISTEN",
 ]
 
-# NOTE: channel names and payloads are fixed by the sa_job_record_event trigger
-# (0005_notify_channels.sql). Every transition wakes sa_job_event (empty payload); a job becoming
-# queued also wakes sa_job_queued (empty when claimable now, else scheduled_for in epoch seconds).
+# NOTE: channel names and payloads were fixed by the sa_job_record_event trigger
+# (0005_notify_channels.sql); since 0006_notify_out_of_band.sql the processes that commit
+# transitions send them (jobqueue/core/wakeup.py). Every transition wakes sa_job_event (empty payload);
+# a job becoming queued also wakes sa_job_queued (empty when claimable now, else scheduled_for in
+# epoch seconds).
 JOB_EVENT_LISTEN = "LISTEN sa_job_event"
 JOB_QUEUED_LISTEN = "LISTEN sa_job_queued"
+
+# No table: one notifying transaction (one commit) for a whole coalesced batch of wake-ups,
+# `channels[i]` with `payloads[i]`. Postgres folds repeated (channel, payload) pairs itself.
+# NOTE: no synchronous_commit = off here: it made no difference to notify-only commits. Three
+# threads sending these back to back made 3,700-7,600 commits/s with it on, 6,600-6,800 with it
+# off, next to 8 enqueuers at 1,260-2,080/s either way.
+JOB_EVENT_NOTIFY_MANY = """
+SELECT pg_notify(n.channel, n.payload)
+  FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
+"""
 
 _EVENT_COLUMNS = """
 id, job_id, prompt_id, org_id, created_by, from_state, to_state, attempt, error_kind,

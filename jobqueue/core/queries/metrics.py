@@ -7,6 +7,8 @@ __all__ = ["JOB_QUEUE_DEPTH"]
 # the smaller sa_job_org_queued_idx of 0004), and sa_job_worker_claim_idx or sa_job_heartbeat_idx
 # (WHERE state = 'running', 0001) for the running count. Finished jobs are in none of them, so a
 # scrape costs in proportion to the backlog, never to the history.
+# PERF: run under JOB_PLAN_SETTINGS (queries/job.py): when the backlog outgrows the history the
+# planner would otherwise read the whole table to count it.
 # NOTE: three scalar subqueries, not one GROUP BY state: each equality on `state` matches one
 # partial index's predicate, where `state IN (...)` would push the planner towards the table.
 # The oldest job counts from its due time (scheduled_for), so a job deliberately scheduled for
