@@ -239,6 +239,11 @@ pidfile = {root / 'pgbouncer.pid'}
         self.stop()
         self.start()
 
+    def logins(self) -> int:
+        """Client connections accepted so far (PgBouncer logs each login)."""
+        log = self.root / "pgbouncer.log"
+        return sum("login attempt" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
     def show(self, what: str) -> list[dict[str, Any]]:
         """Rows of the admin console's `SHOW <what>` (STATS, POOLS, ...)."""
         assert re.fullmatch(r"[A-Z_]+", what), what

@@ -7,11 +7,13 @@ worker's timeouts are on its database role, since PgBouncer refuses them as star
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -23,6 +25,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import create_token
+from jobqueue.core.wakeup import WakeupSender
 from jobqueue.devtools.fake_provider import FakeProvider
 from tests.conftest import wait_for
 from tests.hosts import VENV_BIN, Bouncer, Process, conninfo_host_port, free_port, procfile_command
@@ -73,8 +76,10 @@ def test_web_and_workers_serve_prompts_through_pgbouncer_in_transaction_mode(
     pool: ConnectionPool[DictConnection],
 ) -> None:
     dbname = str(psycopg.conninfo.conninfo_to_dict(database_url)["dbname"])
+    # NOTE: a poll once a minute, so the jobs are picked up within the test's bounds only if the
+    # web's wake-up notifications (sent through the pooler) reach the workers' LISTEN.
     common = {"PATH": f"{VENV_BIN}:{os.environ['PATH']}", "SA_DIRECT_DATABASE_URL": database_url,
-              "SA_POLL_INTERVAL": "0.2", "SA_HEARTBEAT_INTERVAL": "0.5"}
+              "SA_POLL_INTERVAL": "60", "SA_HEARTBEAT_INTERVAL": "0.5"}
     port = free_port()
     logs = Path(bouncer.root)
     web = Process(["sh", "-c", f"exec {procfile_command('web')}"],
@@ -91,22 +96,30 @@ def test_web_and_workers_serve_prompts_through_pgbouncer_in_transaction_mode(
         headers = {"Authorization": f"Bearer {create_token(pool, 1, 10)}"}
         with httpx.Client(base_url=base, headers=headers, timeout=10) as http:
             # NOTE: well past psycopg's 5 executions per connection that would prepare a
-            # statement the pooler's next server session does not have (a 500 before the fix).
-            jobs = []
-            for i in range(PROMPTS):
+            # statement the pooler's next server session does not have (a 500 before the fix),
+            # from 8 clients at once so the pooler does hand sessions around.
+            def post(i: int) -> str:
                 answer = http.post("/sa-core/v1/prompt", json={"text": f"pooled {i}"})
                 assert answer.status_code == 202, answer.text
-                jobs.append(answer.json()["job_id"])
+                return str(answer.json()["job_id"])
+
+            with ThreadPoolExecutor(8) as clients:
+                jobs = list(clients.map(post, range(PROMPTS)))
 
             def all_succeeded() -> bool:
                 states = [http.get(f"/sa-core/v1/jobs/{job}").json()["state"] for job in jobs]
                 return all(state == "succeeded" for state in states)
 
-            wait_for(all_succeeded, timeout=60, interval=0.2)
+            wait_for(all_succeeded, timeout=40, interval=0.2)
     finally:
         for process in (web, *workers):
             process.stop()
     assert all(p.popen.returncode == 0 for p in workers), [p.lines()[-5:] for p in workers]
+    # NOTE: nothing failed on the way: no statement the pooler could not run (a prepared one
+    # missing from the next server session), no wake-up notification lost to one.
+    failures = [line for p in (web, *workers) for line in p.lines()
+                if '"level": "error"' in line or "send_failed" in line or '"status": 500' in line]
+    assert failures == []
     with pool.connection() as conn:
         row = conn.execute("SELECT count(*) AS jobs, count(*) FILTER (WHERE state = 'succeeded') "
                            "AS succeeded, count(DISTINCT prompt_id) AS prompts FROM sa_job").fetchone()
@@ -141,3 +154,30 @@ def test_prepared_statements_are_off_when_queries_go_through_a_pooler() -> None:
                               "SA_PREPARED_STATEMENTS": "1"}).prepared_statements
     assert not Settings.from_env({"DATABASE_URL": pooled,
                                   "SA_PREPARED_STATEMENTS": "0"}).prepared_statements
+
+
+def test_wake_ups_sent_through_the_pooler_reach_a_direct_listener(
+    bouncer: Bouncer, database_url: str,
+) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(database_url)["dbname"])
+    sender = WakeupSender(bouncer.url(dbname), interval=0)
+    logins = bouncer.logins()
+    with psycopg.connect(database_url, autocommit=True) as listener, \
+            psycopg.connect(bouncer.url(dbname), autocommit=True) as other:
+        listener.execute("LISTEN sa_job_queued")
+        try:
+            for i in range(12):
+                # NOTE: every other send finds the pooler's last-used server session taken by
+                # another client's open transaction, so the sender's statements run on two
+                # sessions in turn, as under load.
+                with other.transaction() if i % 2 else contextlib.nullcontext():
+                    if i % 2:
+                        other.execute("SELECT 1")
+                    sender.job_queued()
+                    heard = list(listener.notifies(timeout=5, stop_after=1))
+                assert [n.channel for n in heard] == ["sa_job_queued"], f"send {i} not heard"
+        finally:
+            sender.close()
+    assert sender.sent == 12
+    # NOTE: one connection for the sender, one for `other`: no send failed and reconnected.
+    assert bouncer.logins() - logins == 2
