@@ -126,8 +126,12 @@ def run_cut(hosts: Hosts, cut: float, jobs: int) -> None:
     victim_host.cut()
     cut_at = time.monotonic()
     ids = [r["id"] for r in held]
-    moved = None
+    moved = reclaimed = None
     while time.monotonic() - cut_at < cut:
+        if reclaimed is None and not hosts.sql(
+                "SELECT 1 FROM sa_job WHERE id = ANY(%s) AND worker_claim LIKE %s",
+                (ids, claim)):
+            reclaimed = time.monotonic() - cut_at
         if moved is None and hosts.sql(
                 "SELECT bool_and(state = 'succeeded') AS ok FROM sa_job WHERE id = ANY(%s)",
                 (ids,))[0]["ok"]:
@@ -143,9 +147,10 @@ def run_cut(hosts: Hosts, cut: float, jobs: int) -> None:
         for process in host.processes:
             process.stop()
     counts = hosts.counts()
-    print(f"cut {cut:g} s: the cut host held {len(held)} running jobs; the others finished them "
-          f"{moved:.1f} s into the cut" if moved is not None else
-          f"cut {cut:g} s: its {len(held)} jobs were not finished during the cut")
+    print(f"cut {cut:g} s: the cut host held {len(held)} running jobs; "
+          + (f"requeued {reclaimed:.1f} s into the cut, " if reclaimed is not None else "")
+          + (f"all finished by the others {moved:.1f} s into it" if moved is not None else
+             "not all finished during the cut"))
     print(f"late finalizes refused by the claim guard: "
           f"{len({e['job_id'] for e in lost_claims} & {str(i) for i in ids})} of {len(held)}")
     print("counts: " + ", ".join(f"{k} {v}" for k, v in counts.items()))

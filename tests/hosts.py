@@ -497,9 +497,14 @@ def reap_stale() -> None:
         match = re.match(rf"{TMP_PREFIX}(\d+)-", root.name)
         if not match or _alive(int(match.group(1))):
             continue
-        for pidfile in (root / "pgdata" / "postmaster.pid", root / "pgbouncer.pid"):
+        for pidfile, program in ((root / "pgdata" / "postmaster.pid", b"postgres"),
+                                 (root / "pgbouncer.pid", b"pgbouncer")):
             with contextlib.suppress(OSError, ValueError, IndexError, ProcessLookupError):
-                os.kill(int(pidfile.read_text().split()[0]), signal.SIGKILL)
+                pid = int(pidfile.read_text().split()[0])
+                # NOTE: only if that process still is the dead run's server (pids are reused).
+                if program in Path(f"/proc/{pid}/cmdline").read_bytes() and \
+                        str(root).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
 
 
