@@ -251,7 +251,7 @@ pidfile = {root / 'pgbouncer.pid'}
                              prepare_threshold=None) as conn:
             # NOTE: the admin console takes the simple query protocol only.
             cur = conn.cursor()
-            cur.execute(f"SHOW {what}", prepare=False)  # type: ignore[arg-type]
+            cur.execute(f"SHOW {what}", prepare=False)
             return list(cur.fetchall())
 
     def __enter__(self) -> Bouncer:
@@ -403,7 +403,7 @@ class Hosts:
         """Runs one statement on the direct connection (for the tests' counts)."""
         with psycopg.connect(self.direct_url, autocommit=True, row_factory=dict_row,
                              connect_timeout=10) as conn:
-            cur = conn.execute(statement, params)  # type: ignore[arg-type]
+            cur = conn.execute(statement, params)
             return list(cur.fetchall()) if cur.description else []
 
 

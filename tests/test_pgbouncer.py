@@ -48,13 +48,13 @@ def worker_role(database_url: str) -> Iterator[str]:
                           f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}",
                           f"ALTER ROLE {role} SET statement_timeout = '30s'",
                           f"ALTER ROLE {role} SET lock_timeout = '10s'"):
-            admin.execute(statement)  # type: ignore[arg-type]
+            admin.execute(statement)
     try:
         yield role
     finally:
         with psycopg.connect(database_url, autocommit=True) as admin:
-            admin.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
-            admin.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+            admin.execute(f"DROP OWNED BY {role}")
+            admin.execute(f"DROP ROLE {role}")
 
 
 @pytest.fixture
@@ -131,8 +131,8 @@ def test_web_and_workers_serve_prompts_through_pgbouncer_in_transaction_mode(
     pools = [r for r in bouncer.show("POOLS") if r["database"] == dbname]
     assert {r["user"] for r in pools} == {"postgres", worker_role}
     assert all(r["sv_active"] + r["sv_idle"] + r["sv_used"] <= 5 for r in pools)
-    with psycopg.connect(bouncer.url(dbname, worker_role), prepare_threshold=None) as conn:
-        timeouts = conn.execute("SELECT current_setting('statement_timeout'), "
+    with psycopg.connect(bouncer.url(dbname, worker_role), prepare_threshold=None) as as_worker:
+        timeouts = as_worker.execute("SELECT current_setting('statement_timeout'), "
                                 "current_setting('lock_timeout')").fetchone()
     assert timeouts == ("30s", "10s")
 
