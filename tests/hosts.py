@@ -41,6 +41,7 @@ from types import FrameType
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
@@ -295,8 +296,9 @@ class Hosts:
     listen), `cluster`, `bouncer`, `direct_url` / `pooled_url` (database `sa_core`, migrated).
     """
 
-    def __init__(self, pool_size: int = 20) -> None:
+    def __init__(self, pool_size: int = 20, idle_in_transaction: float = 5.0) -> None:
         self.tag = f"{PREFIX}{os.getpid()}"
+        self.idle_in_transaction = idle_in_transaction
         self.bridge = f"{self.tag}b"
         self.pool_size = pool_size
         self.hosts: list[Host] = []
@@ -336,6 +338,11 @@ class Hosts:
             # since PgBouncer refuses them as startup options.
             conn.execute("ALTER ROLE postgres SET statement_timeout = '30s'")
             conn.execute("ALTER ROLE postgres SET lock_timeout = '10s'")
+            # NOTE: a host cut inside a transaction (a claim is BEGIN, SET LOCAL, UPDATE,
+            # COMMIT) leaves it open, its rows locked and skipped by every other claim, until
+            # the server ends the session; the harness uses a short bound to keep tests short.
+            conn.execute(sql.SQL("ALTER ROLE postgres SET idle_in_transaction_session_timeout = {}")
+                         .format(sql.Literal(f"{self.idle_in_transaction:g}s")))
         self.direct_url = self.cluster.url("sa_core")
         _checked([str(VENV_BIN / "sa-core"), "migrate"], env={"DATABASE_URL": self.direct_url})
         self.bouncer = stack.enter_context(Bouncer(self.root, self.address, free_port(self.address),

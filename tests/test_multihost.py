@@ -224,6 +224,36 @@ def test_another_host_takes_the_leader_role_when_the_leaders_host_is_cut(
     assert len(site.hosts.sql(LEADER)) == 1
 
 
+HOLD_A_JOB = """
+import sys, time, psycopg
+conn = psycopg.connect(sys.argv[1], prepare_threshold=None)
+conn.execute("SELECT id FROM sa_job WHERE state = 'queued' ORDER BY id LIMIT 1 FOR UPDATE")
+print("locked", flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_host_cut_inside_a_transaction_does_not_hold_its_rows_past_the_idle_timeout(
+    site: Site, fleet: list[Process],
+) -> None:
+    cut_host, *others = site.workers
+    with site.client() as http:
+        for i in range(6):
+            site.submit(http, f"locked {i}")
+    # NOTE: as a worker cut between its claim's UPDATE and COMMIT: a transaction left open
+    # through the pooler, one job row locked, so every other claim skips it (SKIP LOCKED).
+    holder = cut_host.spawn([str(VENV_BIN / "python"), "-c", HOLD_A_JOB, site.hosts.pooled_url],
+                            {}, "holder")
+    wait_for(lambda: "locked" in holder.lines(), timeout=30)
+    cut_host.cut()
+    fleet.extend(site.start_worker(host, latency=0.1) for host in others)
+    # NOTE: Postgres ends the session after idle_in_transaction_session_timeout (5 s here, set on
+    # the role as ops/README.md says), which releases the row.
+    site.wait_done(6, timeout=30)
+    counts = site.hosts.counts()
+    assert {k: counts[k] for k in EXACT} == EXACT
+
+
 @pytest.mark.parametrize("fault", ["pgbouncer", "postgres"])
 def test_prompts_survive_a_restart_of_the_pooler_or_the_server(
     site: Site, fleet: list[Process], fault: str,
