@@ -1,44 +1,93 @@
 """The OpenAPI 3.1 document of the HTTP API, served at /sa-core/v1/openapi.json.
 
-Written by hand, next to the validators it describes: the bounds below are the ones
-`service.validation` enforces (imported, not repeated), and `tests/test_openapi.py` fails when a
-route of the app is missing here or a documented one is not served. Schemathesis checks every
-answer against it.
+The request side (bodies, query parameters, headers) is generated from the declarations in
+`service.validation`, the ones the routes enforce; the state and error-kind enums come from
+`jobqueue.core.states.JobState` and `jobqueue.core.policy.ErrorKind`. Only the answers are
+written here. `tests/test_openapi.py` fails when a route of the app is missing here or a
+documented one is not served, and runs Schemathesis (every phase, every check) against it.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import falcon
 
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
+from jobqueue.core.states import JobState
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
-from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 from service.auth import API_PREFIX
+from service.resources.events import EVENT_NAME
 from service.validation import (
+    CURSOR,
     CURSOR_PATTERN,
     EVENT_ID_PATTERN,
-    MAX_ATTEMPTS_LIMIT,
-    MAX_DEPTH,
-    MAX_EVENT_ID,
-    MAX_MODEL_CHARS,
-    RECENT_LIMIT_DEFAULT,
-    RECENT_LIMIT_MAX,
-    SCOPES,
-    SINCE_PATTERN,
-    UUID_PATTERN,
+    IDEMPOTENCY_KEY,
+    LAST_EVENT_ID,
+    LAST_EVENT_ID_HEADER,
+    NO_BODY,
+    OPTIONS,
+    RECENT_LIMIT,
+    SCOPE,
+    SINCE,
+    Param,
+    prompt_body,
 )
 
-__all__ = ["OPENAPI_PATH", "OpenApiDocument", "build_openapi"]
+__all__ = ["EVENT_SCHEMA", "OPENAPI_PATH", "OpenApiDocument", "build_openapi"]
 
 OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
 
+EVENT_SCHEMA = "JobStateChanged"
+"""The component that each SSE `job.state_changed` event's `data:` conforms to."""
+
 Schema = dict[str, Any]
 
-JOB_STATES = ["queued", "running", "succeeded", "failed", "cancelled", "superseded"]
+JOB_STATES = [state.value for state in JobState]
 ERROR_KINDS = [kind.value for kind in ErrorKind]
+
+_JOB_ID = "3f1c8d2e-5b7a-4c19-9e2f-0a6d4b8c7e51"
+_PROMPT_ID = "9b2e4f6a-1c3d-4e5f-8a7b-6c5d4e3f2a10"
+_RESPONSE_ID = "c4d5e6f7-a8b9-4c0d-8e1f-2a3b4c5d6e7f"
+_OLD_JOB_ID = "5e6f7a8b-9c0d-4e1f-a2b3-c4d5e6f7a8b9"
+_AT = "2026-11-30T12:00:00.123456+00:00"
+
+_JOB_EXAMPLE: Schema = {
+    "id": _JOB_ID, "prompt_id": _PROMPT_ID, "state": "succeeded", "priority": 50, "attempt": 1,
+    "max_attempts": 3, "execution_options": {"depth": 4}, "worker_claim": None,
+    "claimed_at": "2026-11-30T12:00:00.010000+00:00",
+    "started_at": "2026-11-30T12:00:00.010000+00:00",
+    "running_heartbeat_at": "2026-11-30T12:00:00.010000+00:00", "finished_at": _AT,
+    "response_id": _RESPONSE_ID, "error_kind": None, "error_message": None, "supersedes": None,
+    "org_id": 1, "created_by": 7, "scheduled_for": "2026-11-30T12:00:00+00:00",
+    "created_at": "2026-11-30T12:00:00+00:00", "updated_at": _AT,
+}
+_PROMPT_EXAMPLE: Schema = {
+    "id": _PROMPT_ID, "kind": "prompt", "parent_id": None, "correlation_id": _PROMPT_ID,
+    "causation_id": None, "content": "Summarise the spec in one line.", "source_refs": [],
+    "truth_class": None, "state_class": None, "created_by": 7,
+    "created_at": "2026-11-30T12:00:00+00:00", "updated_at": "2026-11-30T12:00:00+00:00",
+}
+_EVENT_EXAMPLE: Schema = {
+    "id": 42, "job_id": _JOB_ID, "prompt_id": _PROMPT_ID, "created_by": 7,
+    "from_state": "running", "to_state": "succeeded", "attempt": 1, "error_kind": None,
+    "response_id": _RESPONSE_ID, "at": _AT,
+}
+
+_ERROR_EXAMPLES = {
+    "400": ("Invalid parameter", "The \"since\" parameter is invalid. must be an ISO 8601 timestamp"),
+    "401": ("Unauthorized", "A valid bearer token is required."),
+    "404": ("Not found", f"job {_JOB_ID} not found"),
+    "403": ("Forbidden", "This route needs a token with the ops scope."),
+    "409": ("Conflict", f"job {_JOB_ID} is succeeded"),
+    "413": ("Request body too large", "The body is larger than 1048576 bytes."),
+    "415": ("Unsupported media type", "Send the body as application/json."),
+    "422": ("Invalid field", "priority: must be between 0 and 100"),
+    "429": ("Too many requests", "Try again later."),
+    "503": ("Database unavailable", "OperationalError"),
+}
 
 
 def _ref(name: str) -> Schema:
@@ -51,13 +100,14 @@ def _nullable(schema: Schema) -> Schema:
 
 _UUID: Schema = {"type": "string", "format": "uuid"}
 _TIME: Schema = {"type": "string", "format": "date-time"}
-_COUNT: Schema = {"type": "integer", "minimum": 0}
 
 
-def _error(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+def _error(code: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    title, detail = _ERROR_EXAMPLES[code]
     answer: dict[str, Any] = {
         "description": description,
-        "content": {"application/json": {"schema": _ref("Error")}},
+        "content": {"application/json": {"schema": _ref("Error"),
+                                         "example": {"title": title, "description": detail}}},
     }
     if headers:
         answer["headers"] = headers
@@ -65,19 +115,23 @@ def _error(description: str, headers: dict[str, Any] | None = None) -> dict[str,
 
 
 _ERRORS: dict[str, dict[str, Any]] = {
-    "400": _error("Malformed request: the body is not JSON (or is empty), a header or query "
-                  "parameter is malformed."),
-    "401": _error("No token, or the token is unknown, revoked or expired.", {
+    "400": _error("400", "Malformed request: the body is not JSON (or is empty), a header or "
+                         "query parameter is malformed."),
+    "401": _error("401", "No token, or the token is unknown, revoked or expired.", {
         "WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}, "required": True}}),
-    "404": _error("No such object in the caller's org. Another org's objects, and malformed ids, "
-                  "answer exactly like missing ones."),
-    "409": _error("The object's state forbids the action (terminal job, or a job still active)."),
-    "413": _error("The body is larger than SA_MAX_BODY_BYTES (default 1 MiB)."),
-    "415": _error("A body was sent that is not `application/json` (UTF-8)."),
-    "422": _error("The body is JSON but not acceptable: a field is missing, unknown, of the "
-                  "wrong type or out of range (the description names it)."),
-    "503": _error("The database is unreachable; retry shortly (after Retry-After seconds, when sent).", {
-        "Retry-After": {"schema": {"type": "string"}, "required": False}}),
+    "404": _error("404", "No such object in the caller's org. Another org's objects, and "
+                         "malformed ids, answer exactly like missing ones."),
+    "403": _error("403", "The token lacks the scope the route needs (`ops`), or a session cookie "
+                         "came from another origin or without X-SA-Session on a write."),
+    "409": _error("409", "The object's state forbids the action (terminal job, or a job still "
+                         "active)."),
+    "413": _error("413", "The body is larger than SA_MAX_BODY_BYTES (default 1 MiB)."),
+    "415": _error("415", "A body was sent that is not `application/json` (UTF-8)."),
+    "422": _error("422", "The body is JSON but not acceptable: a field is missing, unknown, of "
+                         "the wrong type or out of range (the description names it)."),
+    "503": _error("503", "The database is unreachable; retry shortly (after Retry-After seconds, "
+                         "when sent).", {
+                             "Retry-After": {"schema": {"type": "string"}, "required": False}}),
 }
 
 
@@ -85,38 +139,62 @@ def _errors(*codes: str) -> dict[str, dict[str, Any]]:
     return {code: _ERRORS[code] for code in codes}
 
 
-def _json(description: str, schema: Schema, headers: dict[str, Any] | None = None) -> dict[str, Any]:
-    answer: dict[str, Any] = {"description": description,
-                              "content": {"application/json": {"schema": schema}}}
+def _json(description: str, schema: Schema, example: Any,
+          headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {"schema": schema, "example": example}}}
     if headers:
         answer["headers"] = headers
     return answer
 
 
-def _path_id(name: str, what: str) -> dict[str, Any]:
+def _path_id(name: str, what: str, example: str) -> dict[str, Any]:
     return {"name": name, "in": "path", "required": True, "description": f"The {what}'s id.",
-            "schema": _UUID}
+            "schema": _UUID, "example": example}
+
+
+def _param(param: Param, example: Any) -> dict[str, Any]:
+    return {**param.openapi(), "example": example}
+
+
+def _links(**targets: tuple[str, str, str]) -> dict[str, Any]:
+    """Links from an answer to the operations its ids reach: name -> (operationId, parameter,
+    the answer's field). A `parent_id` parameter is a follow-up POST /prompt's body field."""
+    links: dict[str, Any] = {}
+    for name, (operation, parameter, field) in targets.items():
+        value = f"$response.body#/{field}"
+        links[name] = {"operationId": operation, **(
+            {"requestBody": {"text": "Go on.", "parent_id": value}} if parameter == "parent_id"
+            else {"parameters": {parameter: value}})}
+    return links
 
 
 _NO_BODY: dict[str, Any] = {
     "required": False,
-    "description": "No body is needed; an empty JSON object is accepted, anything else is a 422.",
-    "content": {"application/json": {"schema": {"type": "object", "maxProperties": 0}}},
+    "description": NO_BODY.description,
+    "content": {"application/json": {"schema": NO_BODY.schema(), "example": {}}},
+}
+
+_EVENT_FRAME: Schema = {
+    "type": "object",
+    "description": "Each event of the stream (Open API 3.1 reads a text/event-stream schema as "
+                   "one event's). `retry:`, lone `id:` and `: keepalive` frames dispatch none.",
+    "required": ["event", "id", "data"],
+    "additionalProperties": False,
+    "properties": {
+        "event": {"type": "string", "const": EVENT_NAME},
+        "id": {"type": "string", "pattern": EVENT_ID_PATTERN},
+        "data": {"type": "string", "contentMediaType": "application/json",
+                 "contentSchema": _ref(EVENT_SCHEMA)},
+    },
 }
 
 _LOCATION = {"Location": {"description": "The job's URL.", "required": True,
                           "schema": {"type": "string"}}}
 
 
-_SCOPE: dict[str, Any] = {
-    "name": "scope", "in": "query", "required": False,
-    "description": "`user`: the caller's own prompts (the default); `org`: every prompt of the "
-                   "caller's org (an explicit opt-in).",
-    "schema": {"type": "string", "enum": list(SCOPES), "default": SCOPES[0]}}
-
-
 def _schemas(settings: Settings) -> dict[str, Schema]:
-    non_blank = "\\S"
     return {
         "Error": {
             "type": "object",
@@ -125,56 +203,40 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "properties": {"title": {"type": "string"}, "description": {"type": "string"}},
             "additionalProperties": False,
         },
-        "PromptRequest": {
-            "type": "object",
-            "required": ["text"],
-            "additionalProperties": False,
-            "properties": {
-                "text": {
-                    "type": "string", "minLength": 1, "maxLength": settings.max_prompt_chars,
-                    "pattern": non_blank,
-                    "description": "The prompt (SA_MAX_PROMPT_CHARS characters at most; not "
-                                   "blank; no NUL character, no lone surrogate).",
-                },
-                "parent_id": {
-                    "anyOf": [{"type": "string", "format": "uuid", "pattern": UUID_PATTERN},
-                              {"type": "null"}],
-                    "description": "A prompt or response of the caller's org that this prompt "
-                                   "continues; its ancestors become the conversation context. "
-                                   "An id naming no entity of the org answers 422.",
-                },
-                "priority": {"type": "integer", "minimum": 0, "maximum": 100, "default": 50,
-                             "description": "Lower runs first."},
-                "max_attempts": {"type": "integer", "minimum": 1, "maximum": MAX_ATTEMPTS_LIMIT,
-                                 "default": 3, "description": "Attempts allowed, retries included."},
-                "options": _ref("ExecutionOptions"),
-            },
-        },
-        "ExecutionOptions": {
-            "type": "object",
-            "additionalProperties": False,
-            "description": "Execution options; only these keys are accepted.",
-            "properties": {
-                "model": {"type": "string", "minLength": 1, "maxLength": MAX_MODEL_CHARS,
-                          "pattern": non_blank,
-                          "description": "Provider model (default SA_PROVIDER_MODEL)."},
-                "depth": {"type": "integer", "minimum": 0, "maximum": MAX_DEPTH, "default": 10,
-                          "description": "Ancestors sent to the provider as context."},
-            },
-        },
+        "PromptRequest": prompt_body(settings.max_prompt_chars).schema(),
+        "ExecutionOptions": OPTIONS.schema(),
         "Submitted": {
             "type": "object",
             "required": ["prompt_id", "job_id", "state"],
             "additionalProperties": False,
             "properties": {"prompt_id": _UUID, "job_id": _UUID,
-                           "state": {"type": "string", "const": "queued"}},
+                           "state": {"type": "string", "const": JobState.QUEUED.value}},
+        },
+        "Session": {
+            "type": "object",
+            "description": "Whom the request acts for; `expires_at` when a session was opened.",
+            "required": ["org_id", "user_id", "scopes"],
+            "properties": {"org_id": {"type": "integer"}, "user_id": {"type": "integer"},
+                           "scopes": {"type": "array", "items": {"type": "string",
+                                                                 "enum": ["ops"]}},
+                           "expires_at": _TIME},
+        },
+        "OpsOverview": {
+            "type": "object",
+            "description": "Every org's queue: `metrics` as `sa-core queue-metrics --json` over the "
+                           "last hour, `running` and `failures` as `sa-core list-jobs --json`.",
+            "required": ["as_of", "metrics", "running", "failures"],
+            "properties": {"as_of": _TIME, "metrics": {"type": "object"},
+                           "running": {"type": "array", "items": {"type": "object"}},
+                           "failures": {"type": "array", "items": {"type": "object"}}},
         },
         "Retried": {
             "type": "object",
             "required": ["prompt_id", "job_id", "state", "supersedes"],
             "additionalProperties": False,
             "properties": {"prompt_id": _UUID, "job_id": _UUID,
-                           "state": {"type": "string", "const": "queued"}, "supersedes": _UUID},
+                           "state": {"type": "string", "const": JobState.QUEUED.value},
+                           "supersedes": _UUID},
         },
         "Job": {
             "type": "object",
@@ -256,6 +318,28 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                              "description": "The page was full: ask again at once for the rest."},
             },
         },
+        EVENT_SCHEMA: {
+            "type": "object",
+            "description": "The `data:` of an SSE `job.state_changed` event: one transition of "
+                           "a job (`from_state` null when the job was created).",
+            "required": ["id", "job_id", "prompt_id", "created_by", "from_state", "to_state",
+                         "attempt", "error_kind", "response_id", "at"],
+            "additionalProperties": False,
+            "properties": {
+                "id": {"type": "integer", "minimum": 1,
+                       "description": "The event id, also the frame's `id:`."},
+                "job_id": _UUID, "prompt_id": _UUID,
+                "created_by": {"type": "integer",
+                               "description": "The job's creator (tells an org-wide stream "
+                                              "whose job moved)."},
+                "from_state": _nullable({"type": "string", "enum": JOB_STATES}),
+                "to_state": {"type": "string", "enum": JOB_STATES},
+                "attempt": {"type": "integer", "minimum": 1},
+                "error_kind": _nullable({"type": "string", "enum": ERROR_KINDS}),
+                "response_id": _nullable(_UUID),
+                "at": _TIME,
+            },
+        },
         "Health": {
             "type": "object", "required": ["ok"],
             "properties": {"ok": {"type": "boolean"}, "database": {"type": "string"}},
@@ -271,22 +355,60 @@ def _paths() -> dict[str, Any]:
                            "Idempotency-Key (nothing new was queued).",
             "required": False, "schema": {"type": "string", "enum": ["true"]}},
     }
+    job = _json("The job.", _ref("Job"), _JOB_EXAMPLE)
+    job["links"] = _links(GetJob=("getJob", "job_id", "id"),
+                          GetPrompt=("getPrompt", "prompt_id", "prompt_id"),
+                          RetryPrompt=("retryPrompt", "prompt_id", "prompt_id"))
+    queued = {"prompt_id": _PROMPT_ID, "job_id": _JOB_ID, "state": JobState.QUEUED.value}
+    submitted = _json("Queued (or replayed).", _ref("Submitted"), queued, {**_LOCATION, **replayed})
+    submitted["links"] = _links(GetJob=("getJob", "job_id", "job_id"),
+                                CancelJob=("cancelJob", "job_id", "job_id"),
+                                GetPrompt=("getPrompt", "prompt_id", "prompt_id"),
+                                RetryPrompt=("retryPrompt", "prompt_id", "prompt_id"),
+                                FollowUp=("submitPrompt", "parent_id", "prompt_id"))
+    retried = _json("The new job.", _ref("Retried"), {**queued, "supersedes": _OLD_JOB_ID},
+                    _LOCATION)
+    retried["links"] = _links(GetJob=("getJob", "job_id", "job_id"),
+                              CancelJob=("cancelJob", "job_id", "job_id"),
+                              GetPrompt=("getPrompt", "prompt_id", "prompt_id"))
+    view = _json("The prompt.", _ref("PromptView"),
+                 {"prompt": _PROMPT_EXAMPLE,
+                  "response": {**_PROMPT_EXAMPLE, "id": _RESPONSE_ID, "kind": "response",
+                               "parent_id": _PROMPT_ID, "causation_id": _JOB_ID,
+                               "content": "One queue, many workers, nothing lost."},
+                  "jobs": [_JOB_EXAMPLE]})
+    view["links"] = _links(RetryPrompt=("retryPrompt", "prompt_id", "prompt/id"),
+                           FollowUp=("submitPrompt", "parent_id", "prompt/id"))
+    recent = {"as_of": _AT, "next_cursor": "AAAAAAAAACo", "has_more": False, "items": [{
+        "prompt_id": _PROMPT_ID, "parent_id": None, "text": _PROMPT_EXAMPLE["content"],
+        "created_at": "2026-11-30T12:00:00+00:00", "job_id": _JOB_ID, "state": "succeeded",
+        "attempt": 1, "max_attempts": 3, "priority": 50, "error_kind": None,
+        "error_message": None, "response_id": _RESPONSE_ID, "updated_at": _AT,
+        "response_text": "One queue, many workers, nothing lost."}]}
+    too_many = {"Retry-After": {"description": "Seconds to wait.", "required": True,
+                                "schema": {"type": "string"}}}
     return {
         "/healthz": {"get": {
             "operationId": "health", "summary": "Liveness: the process answers.",
-            "security": [], "responses": {"200": _json("Alive.", _ref("Health"))}}},
+            "security": [], "responses": {"200": _json("Alive.", _ref("Health"), {"ok": True})}}},
         "/readyz": {"get": {
             "operationId": "ready", "summary": "Readiness: the database answers.",
-            "security": [], "responses": {"200": _json("Ready.", _ref("Health")),
-                                          **_errors("503")}}},
+            "security": [], "responses": {
+                "200": _json("Ready.", _ref("Health"), {"ok": True, "database": "up"}),
+                **_errors("503")}}},
         "/metrics": {"get": {
             "operationId": "metrics", "summary": "Prometheus metrics (text exposition format).",
             "security": [], "responses": {"200": {
                 "description": "The metrics page.",
-                "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+                "content": {"text/plain": {
+                    "schema": {"type": "string"},
+                    "example": "# TYPE sa_jobs_enqueued_total counter\n"
+                               "sa_jobs_enqueued_total 12.0\n"}}}}}},
         OPENAPI_PATH: {"get": {
             "operationId": "openapi", "summary": "This document.", "security": [],
-            "responses": {"200": _json("The OpenAPI document.", {"type": "object"})}}},
+            "responses": {"200": _json("The OpenAPI document.", {"type": "object"},
+                                       {"openapi": "3.1.0", "info": {"title": "sa-core",
+                                                                     "version": "1"}})}}},
         f"{api}/prompt": {"post": {
             "operationId": "submitPrompt",
             "summary": "Submit a prompt: 202 at once, a worker runs it.",
@@ -297,46 +419,94 @@ def _paths() -> dict[str, Any]:
                 "even when the repeats race; the same key with a different request answers 422. "
                 "When the caller's org already has SA_ORG_MAX_QUEUED jobs queued, it answers 429 "
                 "and writes nothing."),
-            "parameters": [{
-                "name": "Idempotency-Key", "in": "header", "required": False,
-                "description": f"1 to {MAX_KEY_LENGTH} visible ASCII characters; scoped to the "
-                               "caller's org and user.",
-                "schema": {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH,
-                           "pattern": "^[!-~]+$"}}],
-            "requestBody": {"required": True, "content": {
-                "application/json": {"schema": _ref("PromptRequest")}}},
+            "parameters": [_param(IDEMPOTENCY_KEY, "7c0e5a0e-2f1b-4d8e-9a51-3b0c6f2d9e11")],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": _ref("PromptRequest"),
+                "example": {"text": "Summarise the spec in one line.", "priority": 20,
+                            "max_attempts": 3, "options": {"depth": 4}}}}},
             "responses": {
-                "202": _json("Queued (or replayed).", _ref("Submitted"),
-                             {**_LOCATION, **replayed}),
+                "202": submitted,
                 **_errors("400", "401", "413", "415", "422"),
-                "429": _error("The org's queue is full (SA_ORG_MAX_QUEUED); nothing was written.", {
+                "429": _error("429", "The org's queue is full (SA_ORG_MAX_QUEUED); nothing was "
+                                     "written.", {
                     "Retry-After": {"description": f"Seconds to wait ({QUEUE_FULL_RETRY_AFTER}).",
                                     "required": True, "schema": {"type": "string"}}}),
                 **_errors("503"),
             }}},
         f"{api}/jobs/{{job_id}}": {"get": {
             "operationId": "getJob", "summary": "One job.",
-            "parameters": [_path_id("job_id", "job")],
-            "responses": {"200": _json("The job.", _ref("Job")),
-                          **_errors("400", "401", "404", "503")}}},
+            "parameters": [_path_id("job_id", "job", _JOB_ID)],
+            "responses": {"200": job, **_errors("400", "401", "404", "503")}}},
         f"{api}/jobs/{{job_id}}/cancel": {"post": {
             "operationId": "cancelJob", "summary": "Cancel a queued or running job.",
-            "parameters": [_path_id("job_id", "job")],
+            "parameters": [_path_id("job_id", "job", _JOB_ID)],
             "requestBody": _NO_BODY,
-            "responses": {"200": _json("The cancelled job.", _ref("Job")),
+            "responses": {"200": {**job, "description": "The cancelled job.",
+                                  "content": {"application/json": {
+                                      "schema": _ref("Job"),
+                                      "example": {**_JOB_EXAMPLE, "state": "cancelled",
+                                                  "response_id": None,
+                                                  "error_message": "cancelled by user 7"}}}},
                           **_errors("400", "401", "404", "409", "413", "415", "422", "503")}}},
         f"{api}/prompts/{{prompt_id}}": {"get": {
             "operationId": "getPrompt", "summary": "A prompt, its response (if any), its jobs.",
-            "parameters": [_path_id("prompt_id", "prompt")],
-            "responses": {"200": _json("The prompt.", _ref("PromptView")),
-                          **_errors("400", "401", "404", "503")}}},
+            "parameters": [_path_id("prompt_id", "prompt", _PROMPT_ID)],
+            "responses": {"200": view, **_errors("400", "401", "404", "503")}}},
         f"{api}/prompts/{{prompt_id}}/retry": {"post": {
             "operationId": "retryPrompt",
             "summary": "Queue a new job superseding the prompt's latest (finished) job.",
-            "parameters": [_path_id("prompt_id", "prompt")],
+            "parameters": [_path_id("prompt_id", "prompt", _PROMPT_ID)],
             "requestBody": _NO_BODY,
-            "responses": {"202": _json("The new job.", _ref("Retried"), _LOCATION),
+            "responses": {"202": retried,
                           **_errors("400", "401", "404", "409", "413", "415", "422", "503")}}},
+        f"{api}/session": {
+            "post": {
+                "operationId": "openSession",
+                "summary": "Open the mission page's session: 201 and an HttpOnly cookie.",
+                "description": (
+                    "Takes the token from the Authorization header (never a cookie) and sets "
+                    "`sa_session` (HttpOnly, SameSite=Strict, Path=/sa-core/v1, at most 8 h and "
+                    "never past the token's expiry). The cookie then authenticates same-origin "
+                    "requests without a header; writes also need `X-SA-Session: 1`."),
+                "requestBody": _NO_BODY,
+                "responses": {"201": _json("The session is open.", _ref("Session"), {
+                    "org_id": 1, "user_id": 7, "scopes": [], "expires_at": _AT}),
+                    **_errors("400", "401", "403", "413", "415", "422", "503")}},
+            "get": {
+                "operationId": "getSession", "summary": "Whom the request acts for.",
+                "responses": {"200": _json("The caller.", _ref("Session"),
+                                           {"org_id": 1, "user_id": 7, "scopes": ["ops"]}),
+                              **_errors("401", "403", "503")}},
+            "delete": {
+                "operationId": "closeSession",
+                "summary": "End the cookie's session at once and drop the cookie.",
+                "responses": {"204": {"description": "Signed out."},
+                              **_errors("401", "403", "503")}}},
+        f"{api}/ops/overview": {"get": {
+            "operationId": "opsOverview",
+            "summary": "Every org's queue depth, oldest queued, running jobs and recent failures.",
+            "description": "Needs a token with the `ops` scope (`sa-core create-token --scope ops`).",
+            "responses": {"200": _json("The overview.", _ref("OpsOverview"), {
+                "as_of": _AT, "metrics": {}, "running": [], "failures": []}),
+                **_errors("401", "403", "503")}}},
+        f"{api}/ops/jobs/{{job_id}}/cancel": {"post": {
+            "operationId": "opsCancelJob", "summary": "Cancel any org's queued or running job.",
+            "description": "Needs the `ops` scope.",
+            "parameters": [_path_id("job_id", "job", _JOB_ID)],
+            "requestBody": _NO_BODY,
+            "responses": {"200": _json("The cancelled job.", _ref("Job"), {
+                **_JOB_EXAMPLE, "state": "cancelled", "response_id": None,
+                "error_message": "cancelled by operator user 7 of org 1"}),
+                **_errors("400", "401", "403", "404", "409", "413", "415", "422", "503")}}},
+        f"{api}/ops/jobs/{{job_id}}/retry": {"post": {
+            "operationId": "opsRetryJob",
+            "summary": "Queue a new job superseding any org's finished job.",
+            "description": "Needs the `ops` scope.",
+            "parameters": [_path_id("job_id", "job", _JOB_ID)],
+            "requestBody": _NO_BODY,
+            "responses": {"202": _json("The new job.", _ref("Retried"),
+                                       {**queued, "supersedes": _OLD_JOB_ID}),
+                          **_errors("400", "401", "403", "404", "409", "413", "415", "422", "503")}}},
         f"{api}/mission/recent": {"get": {
             "operationId": "missionRecent",
             "summary": "The viewer's prompts whose jobs changed, a page at a time.",
@@ -345,52 +515,40 @@ def _paths() -> dict[str, Any]:
                 "`limit` transitions (heartbeats are none), collapsed to their prompts' latest "
                 "state. Following `next_cursor` misses nothing, even a transaction that commits "
                 "late, and repeats a prompt only when it changed again."),
-            "parameters": [
-                {"name": "cursor", "in": "query", "required": False,
-                 "description": "The previous answer's `next_cursor` (opaque). Wins over `since`.",
-                 "schema": {"type": "string", "pattern": CURSOR_PATTERN}},
-                {"name": "since", "in": "query", "required": False,
-                 "description": "A first call's start: ISO 8601 date or date-time (no offset "
-                                "means UTC). Without it and without `cursor`, the feed starts "
-                                "at the beginning of the log.",
-                 "schema": {"type": "string", "pattern": SINCE_PATTERN}},
-                {"name": "limit", "in": "query", "required": False,
-                 "description": "Most transitions read, hence most items answered.",
-                 "schema": {"type": "integer", "minimum": 1, "maximum": RECENT_LIMIT_MAX,
-                            "default": RECENT_LIMIT_DEFAULT}},
-                _SCOPE],
-            "responses": {"200": _json("A page of changes.", _ref("MissionRecent")),
+            "parameters": [_param(CURSOR, "AAAAAAAAACo"), _param(SINCE, "2026-11-30T12:00:00Z"),
+                           _param(RECENT_LIMIT, 50), _param(SCOPE, "user")],
+            "responses": {"200": {**_json("A page of changes.", _ref("MissionRecent"), recent),
+                                  "links": _links(
+                                      FollowUp=("submitPrompt", "parent_id", "items/0/prompt_id"),
+                                      GetPrompt=("getPrompt", "prompt_id", "items/0/prompt_id"),
+                                      GetJob=("getJob", "job_id", "items/0/job_id"))},
                           **_errors("400", "401", "503")}}},
         f"{api}/mission/events": {"get": {
             "operationId": "missionEvents",
             "summary": "Server-Sent Events of the caller's own jobs' transitions.",
             "description": (
-                "`event: job.state_changed`, `id:` the event id, `data:` JSON. Resumes after "
-                "`Last-Event-ID`; a replay sends at most SA_SSE_REPLAY_LIMIT events, then the "
-                "stream ends and the EventSource reconnects (after `retry:`) with the last id it "
-                "got, for the next part. The stream ends when its token is revoked or expires "
-                "(within SA_SSE_TOKEN_CHECK seconds) and at shutdown; otherwise never."),
-            "parameters": [
-                {"name": "Last-Event-ID", "in": "header", "required": False,
-                 "description": f"The last event id received (0 to {MAX_EVENT_ID}).",
-                 "schema": {"type": "string", "pattern": EVENT_ID_PATTERN}},
-                {"name": "last_event_id", "in": "query", "required": False,
-                 "description": "As Last-Event-ID, for clients that cannot send it; the header "
-                                "wins.",
-                 "schema": {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID}},
-                _SCOPE,
-                {"name": "access_token", "in": "query", "required": False,
-                 "description": "The token, for EventSource clients that cannot send headers.",
-                 "schema": {"type": "string"}}],
+                "`event: job.state_changed`, `id:` the event id, `data:` JSON (the "
+                f"`{EVENT_SCHEMA}` schema). Resumes after `Last-Event-ID`; a replay sends at "
+                "most SA_SSE_REPLAY_LIMIT events, then the stream ends and the EventSource "
+                "reconnects (after `retry:`) with the last id it got, for the next part. The "
+                "stream ends when its token is revoked or expires (within SA_SSE_TOKEN_CHECK "
+                "seconds) and at shutdown; otherwise never."),
+            "parameters": [_param(LAST_EVENT_ID_HEADER, "41"), _param(LAST_EVENT_ID, 41),
+                           _param(SCOPE, "user"),
+                           {"name": "access_token", "in": "query", "required": False,
+                            "description": "The token, for EventSource clients that cannot "
+                                           "send headers.",
+                            "schema": {"type": "string"}, "example": "sa_example-token"}],
             "responses": {"200": {"description": "The event stream.",
-                                  "content": {"text/event-stream": {"schema": {"type": "string"}}}},
+                                  "content": {"text/event-stream": {
+                                      "schema": _EVENT_FRAME,
+                                      "example": "retry: 2000\n\nid: 42\nevent: job.state_changed"
+                                                 "\ndata: " + json.dumps(_EVENT_EXAMPLE) + "\n\n"}}},
                           **_errors("400", "401"),
                           "429": _error(
-                              "The token already has SA_SSE_MAX_STREAMS_PER_TOKEN streams open "
-                              "on this process, or the process SA_SSE_MAX_STREAMS.", {
-                                  "Retry-After": {"description": "Seconds to wait.",
-                                                  "required": True,
-                                                  "schema": {"type": "string"}}}),
+                              "429", "The token already has SA_SSE_MAX_STREAMS_PER_TOKEN streams "
+                                     "open on this process, or the process SA_SSE_MAX_STREAMS.",
+                              too_many),
                           **_errors("503")}}},
     }
 

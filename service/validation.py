@@ -1,65 +1,104 @@
-"""Validation of request bodies and parameters, before any SQL runs."""
+"""The request contract: what each body field, query parameter and header may hold, declared
+once, and the validators that enforce it before any SQL runs.
+
+Each declaration both checks a value (raising the 4xx the route answers) and writes its JSON
+Schema; `service.openapi` builds the document's request side from these declarations only, so
+the document and the validators cannot disagree.
+"""
 
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import falcon
 
-from jobqueue.engine.claim import MAX_DEPTH
+from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
 __all__ = [
+    "BLANK_CHARACTERS",
+    "CURSOR",
     "CURSOR_PATTERN",
     "EVENT_ID_PATTERN",
+    "IDEMPOTENCY_KEY",
+    "LAST_EVENT_ID",
+    "LAST_EVENT_ID_HEADER",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_DEPTH",
     "MAX_EVENT_ID",
     "MAX_MODEL_CHARS",
+    "NO_BODY",
+    "OPTIONS",
     "OPTION_KEYS",
+    "RECENT_LIMIT",
     "RECENT_LIMIT_DEFAULT",
     "RECENT_LIMIT_MAX",
+    "SCOPE",
     "SCOPES",
+    "SINCE",
     "SINCE_PATTERN",
+    "TEXT_PATTERN",
     "UUID_PATTERN",
+    "Fields",
+    "Integer",
+    "Param",
     "PromptRequest",
+    "Spec",
+    "Text",
+    "Uuid",
     "encode_cursor",
     "parse_cursor",
     "parse_event_id",
     "parse_idempotency_key",
+    "parse_last_event_id",
+    "parse_limit",
     "parse_no_body",
     "parse_org_wide",
     "parse_prompt",
     "parse_since",
+    "prompt_body",
 ]
 
-PROMPT_FIELDS = frozenset({"text", "parent_id", "priority", "max_attempts", "options"})
-OPTION_KEYS = ("depth", "model")
+Schema = dict[str, Any]
+
 MAX_ATTEMPTS_LIMIT = 10
 MAX_MODEL_CHARS = 200
-
-UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
-"""The only spelling of a UUID accepted in a body (`uuid.UUID` alone also takes braces, URNs...)."""
-
-SINCE_PATTERN = (
-    r"^[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"
-    r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?(Z|[+-][01][0-9]:[0-5][0-9])?)?$"
-)
-"""What `since` may look like: an ISO 8601 date or date-time, offset optional (none means UTC).
-
-A string of this shape that names no real instant (February 30th, year 0) answers 400 too.
-"""
-
 RECENT_LIMIT_DEFAULT = 100
 RECENT_LIMIT_MAX = 500
 
 MAX_EVENT_ID = 2**63 - 1
 """The largest event id (sa_job_event.id is a bigint)."""
+
+UUID_PATTERN = "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+"""The only spelling of a UUID accepted in a body (`uuid.UUID` alone also takes braces, URNs...)."""
+
+BLANK_CHARACTERS = (r"\t\n\u000b\f\r\u001c-\u001f \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029"
+                    r"\u202f\u205f\u3000")
+"""A character class of exactly the characters `str.isspace()` calls blank, spelled with escapes
+that Python's `re` and the ECMA-262 regexes of JSON Schema read alike (their `\\s` differ)."""
+
+TEXT_PATTERN = f"^[{BLANK_CHARACTERS}]*[^\\u0000{BLANK_CHARACTERS}][^\\u0000]*$"
+"""A text field: not blank, no NUL character. Linear to match, even on a long blank string."""
+
+_YEAR = "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
+_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+              "|02-(0[1-9]|1[0-9]|2[0-8]))")
+SINCE_PATTERN = (
+    f"^({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+    r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?(Z|[+-][01][0-9]:[0-5][0-9])?)?$"
+)
+"""What `since` may look like: a real ISO 8601 date or date-time, offset optional (none means UTC).
+
+NOTE: the calendar (month lengths, leap years, no year 0) is in the pattern itself, so every
+string the document allows names an instant and is answered 200, never 400.
+"""
 
 EVENT_ID_PATTERN = "^[0-9]{1,19}$"
 """What Last-Event-ID may look like: a decimal event id (at most MAX_EVENT_ID)."""
@@ -76,7 +115,164 @@ _CURSOR_RE = re.compile(CURSOR_PATTERN)
 _SINCE_RE = re.compile(SINCE_PATTERN)
 # NOTE: visible ASCII only, so a key is the same bytes in every client, log-safe and header-safe.
 # Every pattern is used with fullmatch: a bare `$` would also match before a trailing newline.
-_KEY_RE = re.compile(r"^[\x21-\x7e]+$")
+_KEY_PATTERN = "^[!-~]+$"
+_KEY_RE = re.compile(_KEY_PATTERN)
+
+
+def _invalid(name: str, why: str) -> falcon.HTTPUnprocessableEntity:
+    return falcon.HTTPUnprocessableEntity(title="Invalid field", description=f"{name}: {why}")
+
+
+def _described(schema: Schema, description: str) -> Schema:
+    return {**schema, "description": description} if description else schema
+
+
+@dataclass(frozen=True)
+class Integer:
+    """A JSON integer within [low, high]; a float with no fraction (5.0, 1e2) is one too, as in
+    JSON Schema."""
+
+    low: int
+    high: int
+    default: int | None = None
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        schema: Schema = {"type": "integer", "minimum": self.low, "maximum": self.high}
+        if self.default is not None:
+            schema["default"] = self.default
+        return _described(schema, self.description)
+
+    def check(self, value: object, name: str) -> int:
+        """Returns the value as an int; raises a 422 naming `name` otherwise."""
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        # NOTE: bool is an int subclass; `true` is not a priority.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _invalid(name, "must be an integer")
+        if not self.low <= value <= self.high:
+            raise _invalid(name, f"must be between {self.low} and {self.high}")
+        return value
+
+
+@dataclass(frozen=True)
+class Text:
+    """A non-blank string of at most `max_chars` characters, with no NUL (Postgres text cannot
+    hold one) and no lone surrogate (JSON may spell one, UTF-8 cannot)."""
+
+    max_chars: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field (lone surrogates are in the description only:
+        JSON Schema cannot name them)."""
+        return _described({"type": "string", "minLength": 1, "maxLength": self.max_chars,
+                           "pattern": TEXT_PATTERN}, self.description)
+
+    def check(self, value: object, name: str) -> str:
+        """Returns the value; raises a 422 naming `name` and the rule it breaks otherwise."""
+        if not isinstance(value, str):
+            raise _invalid(name, "must be a string")
+        # NOTE: these three checks are TEXT_PATTERN's, one at a time so the answer names the one
+        # broken; str.strip() drops exactly BLANK_CHARACTERS (a unit test compares them).
+        if not value.strip():
+            raise _invalid(name, "must not be empty")
+        if len(value) > self.max_chars:
+            raise _invalid(name, f"must be at most {self.max_chars} characters")
+        if "\x00" in value:
+            raise _invalid(name, "must not contain NUL characters")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _invalid(name, "must be valid Unicode (no lone surrogate escapes)") from None
+        return value
+
+
+@dataclass(frozen=True)
+class Uuid:
+    """A UUID string in its 8-4-4-4-12 hex spelling, or null."""
+
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"anyOf": [{"type": "string", "format": "uuid", "pattern": UUID_PATTERN},
+                                     {"type": "null"}]}, self.description)
+
+    def check(self, value: object, name: str) -> uuid.UUID | None:
+        """Returns the UUID (None for null); raises a 422 naming `name` otherwise."""
+        if value is None:
+            return None
+        if not isinstance(value, str) or not _UUID_RE.fullmatch(value):
+            raise _invalid(name, "must be a UUID string (8-4-4-4-12 hex digits)")
+        return uuid.UUID(value)
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A JSON object with only these fields; absent ones are left out of the checked result.
+
+    With a `component` name, the document holds its schema once and every use refers to it.
+    """
+
+    fields: dict[str, Spec]
+    required: tuple[str, ...] = ()
+    description: str = ""
+    unknown: str = "unknown field"
+    component: str | None = None
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the object (its own, even when it is a component)."""
+        schema: Schema = {"type": "object", "additionalProperties": False,
+                          "properties": {name: _use(spec) for name, spec in self.fields.items()}}
+        if self.required:
+            schema["required"] = list(self.required)
+        return _described(schema, self.description)
+
+    def check(self, value: object, name: str) -> dict[str, Any]:
+        """Returns the checked fields present; raises a 422 naming the first bad one.
+
+        Args:
+            value: the decoded JSON.
+            name: the object's own name (`options`); empty for a whole body.
+
+        Raises:
+            falcon.HTTPUnprocessableEntity: not an object, or a field unknown, missing or bad.
+        """
+        if not isinstance(value, dict):
+            if name:
+                raise _invalid(name, "must be an object")
+            raise falcon.HTTPUnprocessableEntity(title="Invalid body",
+                                                 description="The body must be a JSON object.")
+        prefix = f"{name}." if name else ""
+        unknown = sorted(set(value) - set(self.fields))
+        if unknown:
+            raise _invalid(prefix + unknown[0], self.unknown)
+        for required in self.required:
+            if required not in value:
+                raise _invalid(prefix + required, "is required")
+        return {field_name: spec.check(value[field_name], prefix + field_name)
+                for field_name, spec in self.fields.items() if field_name in value}
+
+
+Spec = Integer | Text | Uuid | Fields
+
+
+def _use(spec: Spec) -> Schema:
+    if isinstance(spec, Fields) and spec.component:
+        return {"$ref": f"#/components/schemas/{spec.component}"}
+    return spec.schema()
+
+
+OPTION_KEYS = ("depth", "model")
+
+OPTIONS = Fields(
+    {"model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL)."),
+     "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context.")},
+    description="Execution options; only these keys are accepted.",
+    unknown=f"unknown option (allowed: {', '.join(OPTION_KEYS)})", component="ExecutionOptions")
+"""The `options` of POST /prompt: what the worker can use (claim.options_error reads the same)."""
 
 
 @dataclass(frozen=True)
@@ -90,55 +286,30 @@ class PromptRequest:
     options: dict[str, Any]
 
 
-def _invalid(field: str, why: str) -> falcon.HTTPUnprocessableEntity:
-    return falcon.HTTPUnprocessableEntity(title="Invalid field", description=f"{field}: {why}")
+DEFAULT_PRIORITY = 50
+DEFAULT_MAX_ATTEMPTS = 3
+PRIORITY = Integer(0, 100, DEFAULT_PRIORITY, "Lower runs first.")
+MAX_ATTEMPTS = Integer(1, MAX_ATTEMPTS_LIMIT, DEFAULT_MAX_ATTEMPTS,
+                       "Attempts allowed, retries included.")
 
 
-def _int_field(body: dict[str, Any], field: str, default: int, low: int, high: int,
-               label: str | None = None) -> int:
-    value = body.get(field, default)
-    field = label or field
-    # NOTE: bool is an int subclass; `true` is not a priority. A float with no fraction (5.0,
-    # 1e2) is an integer in JSON Schema's sense (and the OpenAPI document's), so it is taken.
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise _invalid(field, "must be an integer")
-    if not low <= value <= high:
-        raise _invalid(field, f"must be between {low} and {high}")
-    return value
+@functools.lru_cache(maxsize=8)
+def prompt_body(max_chars: int) -> Fields:
+    """Returns the POST /prompt body's declaration; the text's limit is SA_MAX_PROMPT_CHARS.
 
-
-def _text(value: object, field: str, max_chars: int) -> str:
-    if not isinstance(value, str):
-        raise _invalid(field, "must be a string")
-    if not value.strip():
-        raise _invalid(field, "must not be empty")
-    if len(value) > max_chars:
-        raise _invalid(field, f"must be at most {max_chars} characters")
-    if "\x00" in value:
-        raise _invalid(field, "must not contain NUL characters")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        # NOTE: JSON may spell a lone surrogate (\ud800); Postgres text cannot store one.
-        raise _invalid(field, "must be valid Unicode (no lone surrogate escapes)") from None
-    return value
-
-
-def _options(value: object) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _invalid("options", "must be an object")
-    unknown = sorted(set(value) - set(OPTION_KEYS))
-    if unknown:
-        raise _invalid(f"options.{unknown[0]}",
-                       f"unknown option (allowed: {', '.join(OPTION_KEYS)})")
-    options: dict[str, Any] = {}
-    if "model" in value:
-        options["model"] = _text(value["model"], "options.model", MAX_MODEL_CHARS)
-    if "depth" in value:
-        options["depth"] = _int_field(value, "depth", 0, 0, MAX_DEPTH, label="options.depth")
-    return options
+    PERF: built once per limit; building it per request tripled the cost of a parse.
+    """
+    # NOTE: fields are checked in this order, so a body with two bad fields names the first.
+    return Fields({
+        "parent_id": Uuid("A prompt or response of the caller's org that this prompt continues; "
+                          "its ancestors become the conversation context. An id naming no "
+                          "entity of the org answers 422."),
+        "text": Text(max_chars, "The prompt (SA_MAX_PROMPT_CHARS characters at most; not blank; "
+                                "no NUL character, no lone surrogate)."),
+        "priority": PRIORITY,
+        "max_attempts": MAX_ATTEMPTS,
+        "options": OPTIONS,
+    }, required=("text",), component="PromptRequest")
 
 
 def parse_prompt(body: object, max_chars: int) -> PromptRequest:
@@ -147,45 +318,98 @@ def parse_prompt(body: object, max_chars: int) -> PromptRequest:
     Raises:
         falcon.HTTPUnprocessableEntity: a field is missing, unknown or out of range.
     """
+    checked = prompt_body(max_chars).check(body, "")
+    return PromptRequest(text=checked["text"], parent_id=checked.get("parent_id"),
+                         priority=checked.get("priority", DEFAULT_PRIORITY),
+                         max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+                         options=checked.get("options", {}))
+
+
+NO_BODY = Fields({}, description="No body is needed; an empty JSON object is accepted, anything "
+                                 "else is a 422.", unknown="unknown field (this route takes no body)")
+"""The body of a route that takes none: absent, or an empty JSON object."""
+
+
+def parse_no_body(body: object) -> None:
+    """Validates the body of a route that takes none: absent, or an empty JSON object.
+
+    Raises:
+        falcon.HTTPUnprocessableEntity: the body holds anything else.
+    """
+    if body is None:
+        return
     if not isinstance(body, dict):
         raise falcon.HTTPUnprocessableEntity(
-            title="Invalid body", description="The body must be a JSON object."
-        )
-    unknown = sorted(set(body) - PROMPT_FIELDS)
-    if unknown:
-        raise _invalid(unknown[0], "unknown field")
-    if "text" not in body:
-        raise _invalid("text", "is required")
-    parent_id = None
-    if body.get("parent_id") is not None:
-        raw = body["parent_id"]
-        if not isinstance(raw, str) or not _UUID_RE.fullmatch(raw):
-            raise _invalid("parent_id", "must be a UUID string (8-4-4-4-12 hex digits)")
-        parent_id = uuid.UUID(raw)
-    return PromptRequest(
-        text=_text(body["text"], "text", max_chars),
-        parent_id=parent_id,
-        priority=_int_field(body, "priority", 50, 0, 100),
-        max_attempts=_int_field(body, "max_attempts", 3, 1, MAX_ATTEMPTS_LIMIT),
-        options=_options(body.get("options", {})),
-    )
+            title="Invalid body", description="This route takes no body (or an empty JSON object).")
+    NO_BODY.check(body, "")
+
+
+@dataclass(frozen=True)
+class Param:
+    """A query parameter or header: its name, where it goes, and its JSON Schema."""
+
+    name: str
+    where: Literal["query", "header"]
+    schema: Schema
+    description: str
+
+    def openapi(self) -> dict[str, Any]:
+        """Returns the OpenAPI parameter object."""
+        return {"name": self.name, "in": self.where, "required": False,
+                "description": self.description, "schema": self.schema}
+
+
+SINCE = Param("since", "query", {"type": "string", "pattern": SINCE_PATTERN},
+              "A first call's start: ISO 8601 date or date-time (no offset means UTC). Without it "
+              "and without `cursor`, the feed starts at the beginning of the log.")
+CURSOR = Param("cursor", "query", {"type": "string", "pattern": CURSOR_PATTERN},
+               "The previous answer's `next_cursor` (opaque). Wins over `since`.")
+RECENT_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1,
+                                        "maximum": RECENT_LIMIT_MAX,
+                                        "default": RECENT_LIMIT_DEFAULT},
+                     "Most transitions read, hence most items answered.")
+SCOPE = Param("scope", "query", {"type": "string", "enum": list(SCOPES), "default": SCOPES[0]},
+              "`user`: the caller's own prompts (the default); `org`: every prompt of the "
+              "caller's org (an explicit opt-in).")
+LAST_EVENT_ID_HEADER = Param("Last-Event-ID", "header",
+                             {"type": "string", "pattern": EVENT_ID_PATTERN},
+                             f"The last event id received (0 to {MAX_EVENT_ID}).")
+LAST_EVENT_ID = Param("last_event_id", "query",
+                      {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID},
+                      "As Last-Event-ID, for clients that cannot send it; the header wins (both "
+                      "must be valid).")
+IDEMPOTENCY_KEY = Param("Idempotency-Key", "header",
+                        {"type": "string", "minLength": 1, "maxLength": MAX_KEY_LENGTH,
+                         "pattern": _KEY_PATTERN},
+                        f"1 to {MAX_KEY_LENGTH} visible ASCII characters; scoped to the caller's "
+                        "org and user.")
 
 
 def parse_since(raw: str | None) -> datetime | None:
     """Parses the `since` cursor (ISO 8601; naive means UTC).
 
     Raises:
-        falcon.HTTPInvalidParam: not an ISO 8601 timestamp.
+        falcon.HTTPInvalidParam: not a real ISO 8601 date or date-time.
     """
     if raw is None:
         return None
-    try:
-        if not _SINCE_RE.fullmatch(raw):
-            raise ValueError(raw)
-        since = datetime.fromisoformat(raw)
-    except ValueError:
-        raise falcon.HTTPInvalidParam("must be an ISO 8601 timestamp", "since") from None
+    if not _SINCE_RE.fullmatch(raw):
+        raise falcon.HTTPInvalidParam("must be an ISO 8601 timestamp", SINCE.name)
+    since = datetime.fromisoformat(raw)
     return since if since.tzinfo is not None else since.replace(tzinfo=UTC)
+
+
+def parse_limit(req: falcon.Request) -> int:
+    """Parses `limit` of /mission/recent (absent means the default).
+
+    Raises:
+        falcon.HTTPInvalidParam: not an integer within the documented bounds.
+    """
+    limit = req.get_param_as_int(RECENT_LIMIT.name, min_value=RECENT_LIMIT.schema["minimum"],
+                                 max_value=RECENT_LIMIT.schema["maximum"],
+                                 default=RECENT_LIMIT.schema["default"])
+    assert limit is not None
+    return limit
 
 
 def parse_event_id(raw: str, name: str, header: bool = False) -> int:
@@ -195,13 +419,32 @@ def parse_event_id(raw: str, name: str, header: bool = False) -> int:
         falcon.HTTPInvalidHeader: a malformed or out-of-range header.
         falcon.HTTPInvalidParam: a malformed or out-of-range parameter.
     """
-    raw = raw.strip()
+    # NOTE: a header's surrounding blanks are HTTP's, not the value's; a parameter has none.
+    raw = raw.strip() if header else raw
     # NOTE: the length is checked before int() ever runs: a 4,300-digit string is refused
     # cheaply, never converted (Python refuses such conversions with a ValueError of its own).
     if _EVENT_ID_RE.fullmatch(raw) and int(raw) <= MAX_EVENT_ID:
         return int(raw)
     why = f"must be an event id (an integer from 0 to {MAX_EVENT_ID})"
     raise falcon.HTTPInvalidHeader(why, name) if header else falcon.HTTPInvalidParam(why, name)
+
+
+def parse_last_event_id(req: falcon.Request) -> int | None:
+    """The Last-Event-ID header (sent by a reconnecting EventSource), else `?last_event_id=`.
+
+    Both are checked when both are sent: the header wins, but a malformed parameter is a 400
+    all the same.
+
+    Raises:
+        falcon.HTTPInvalidHeader: a malformed or out-of-range header.
+        falcon.HTTPInvalidParam: a malformed or out-of-range parameter.
+    """
+    param = req.get_param(LAST_EVENT_ID.name)
+    from_param = None if param is None else parse_event_id(param, LAST_EVENT_ID.name)
+    raw = req.get_header(LAST_EVENT_ID_HEADER.name)
+    if raw is not None and raw.strip():
+        return parse_event_id(raw, LAST_EVENT_ID_HEADER.name, header=True)
+    return from_param
 
 
 def encode_cursor(event_id: int) -> str:
@@ -218,7 +461,7 @@ def parse_cursor(raw: str | None) -> int | None:
     if raw is None:
         return None
     if not _CURSOR_RE.fullmatch(raw):
-        raise falcon.HTTPInvalidParam("must be the `next_cursor` of a previous answer", "cursor")
+        raise falcon.HTTPInvalidParam("must be the `next_cursor` of a previous answer", CURSOR.name)
     # NOTE: every string of the documented shape decodes; one beyond the largest id only
     # means "nothing newer yet".
     return min(int.from_bytes(base64.urlsafe_b64decode(raw + "="), "big"), MAX_EVENT_ID)
@@ -234,7 +477,7 @@ def parse_org_wide(raw: str | None) -> bool:
         return False
     if raw == SCOPES[1]:
         return True
-    raise falcon.HTTPInvalidParam(f"must be one of: {', '.join(SCOPES)}", "scope")
+    raise falcon.HTTPInvalidParam(f"must be one of: {', '.join(SCOPES)}", SCOPE.name)
 
 
 def parse_idempotency_key(raw: str | None) -> str | None:
@@ -248,19 +491,5 @@ def parse_idempotency_key(raw: str | None) -> str | None:
     if len(raw) > MAX_KEY_LENGTH or not _KEY_RE.fullmatch(raw):
         raise falcon.HTTPInvalidHeader(
             f"must be 1 to {MAX_KEY_LENGTH} visible ASCII characters (a UUID is a good key)",
-            "Idempotency-Key")
+            IDEMPOTENCY_KEY.name)
     return raw
-
-
-def parse_no_body(body: object) -> None:
-    """Validates the body of a route that takes none: absent, or an empty JSON object.
-
-    Raises:
-        falcon.HTTPUnprocessableEntity: the body holds anything else.
-    """
-    if body is None or body == {}:
-        return
-    if isinstance(body, dict):
-        raise _invalid(sorted(body)[0], "unknown field (this route takes no body)")
-    raise falcon.HTTPUnprocessableEntity(
-        title="Invalid body", description="This route takes no body (or an empty JSON object).")

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller
-from jobqueue.engine.claim import MAX_DEPTH, Undecodable, options_error
 from jobqueue.engine.enqueue import enqueue
 from tests.conftest import WorkerHarness, fetch_all, wait_for
 
@@ -28,20 +26,6 @@ BAD_OPTIONS = [
     '{"depth": null}',
     '{"model": 5}',
 ]
-
-
-@pytest.mark.parametrize("options", [{"depth": "abc"}, {"depth": True}, {"depth": MAX_DEPTH + 1},
-                                     {"depth": -1}, {"depth": 2.0}, {"model": ["x"]}, [],
-                                     Undecodable("too many digits")])
-def test_options_the_worker_cannot_use_are_named(options: Any) -> None:
-    error = options_error(options)
-    assert error is not None and "execution_options" in error
-
-
-@pytest.mark.parametrize("options", [{}, {"depth": 0}, {"depth": MAX_DEPTH}, {"model": "m"},
-                                     {"depth": 3, "model": "m", "later_option": 1}])
-def test_options_the_worker_can_use_pass(options: dict[str, Any]) -> None:
-    assert options_error(options) is None
 
 
 def test_undecodable_options_fail_their_job_and_the_worker_runs_the_rest(

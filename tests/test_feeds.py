@@ -64,19 +64,6 @@ def hub_caught_up(hub: EventHub, pool: ConnectionPool[DictConnection]) -> bool:
 
 
 @pytest.fixture
-def hub(pool: ConnectionPool[DictConnection], settings: Settings) -> Iterator[EventHub]:
-    hub = EventHub.from_settings(pool, replace(settings, listen=False))
-    yield hub
-    hub.stop()
-
-
-@pytest.fixture
-def app(settings: Settings, pool: ConnectionPool[DictConnection],
-        hub: EventHub) -> falcon.App[falcon.Request, falcon.Response]:
-    return create_app(settings, pool, hub=hub)
-
-
-@pytest.fixture
 def feeds(app: falcon.App[falcon.Request, falcon.Response]) -> falcon.testing.TestClient:
     return falcon.testing.TestClient(app)
 
@@ -276,6 +263,8 @@ def test_a_replay_is_bounded_per_stream_and_the_reconnects_deliver_everything_on
     ({}, "last_event_id=" + "9" * 4300),
     ({}, f"last_event_id={2**63}"),
     ({}, "last_event_id=-1"),
+    ({"Last-Event-ID": "0"}, "last_event_id=-1"),
+    ({"Last-Event-ID": "0"}, "last_event_id=%205"),
 ])
 def test_a_huge_or_malformed_last_event_id_is_a_400(
     client: falcon.testing.TestClient, auth: dict[str, str], headers: dict[str, str], query: str,

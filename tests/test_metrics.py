@@ -27,7 +27,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import metrics as metrics_q
-from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller, create_token
 from jobqueue.engine.enqueue import enqueue
 from tests.conftest import WorkerHarness, fetch_one, wait_for
@@ -168,15 +168,6 @@ def test_the_scrape_time_depth_read_touches_only_the_partial_indexes(
     assert scans, nodes
     assert all(index in active for _, index in scans), scans
 
-
-
-def test_metrics_port_setting_is_validated() -> None:
-    base = {"DATABASE_URL": "postgresql://x"}
-    assert Settings.from_env(base).metrics_port == 0
-    assert Settings.from_env({**base, "SA_METRICS_PORT": "9101"}).metrics_port == 9101
-    for bad in ("70000", "-1", "http"):
-        with pytest.raises(SettingsError, match="SA_METRICS_PORT"):
-            Settings.from_env({**base, "SA_METRICS_PORT": bad})
 
 
 # --- real processes ----------------------------------------------------------------------------

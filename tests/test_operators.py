@@ -6,7 +6,7 @@ import json
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -17,8 +17,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import archive as archive_q
 from jobqueue.core.queries import inspection as inspection_q
 from jobqueue.core.tokens import Caller
-from jobqueue.operator.archive import ArchiveCounts, Archiver
-from jobqueue.operator.operator_commands import parse_instant
+from jobqueue.runtime.archive import ArchiveCounts, Archiver
 from tests.conftest import fetch_all, fetch_one
 from tests.scenario import Scenario
 
@@ -95,18 +94,6 @@ def test_bad_arguments_exit_2_with_a_message(
         cli(argv)
     assert exited.value.code == 2
     assert "error:" in capsys.readouterr().err
-
-
-def test_parse_instant_accepts_iso_dates_and_ages() -> None:
-    now = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-    assert parse_instant("2026-01-31", now) == datetime(2026, 1, 31, tzinfo=UTC)
-    assert parse_instant("2026-01-31T10:00:00+02:00", now) == datetime(2026, 1, 31, 8, tzinfo=UTC)
-    assert parse_instant("2026-01-31T10:00:00", now) == datetime(2026, 1, 31, 10, tzinfo=UTC)
-    assert parse_instant("30m", now) == now - timedelta(minutes=30)
-    assert parse_instant("1.5h", now) == now - timedelta(minutes=90)
-    assert parse_instant("2w", now) == now - timedelta(days=14)
-    with pytest.raises(ValueError, match="not an instant"):
-        parse_instant("yesterday", now)
 
 
 # --- job-details -------------------------------------------------------------------------------
@@ -328,13 +315,6 @@ def test_archive_passes_over_locked_rows_without_waiting(
     assert sum(b.jobs for b in batches) == 1
     assert Archiver(pool).run_once(cutoff).jobs == 1
     assert {r["id"] for r in fetch_all(pool, ARCHIVED_IDS)} == {busy, free}
-
-
-def test_archive_config_rejects_nonsense() -> None:
-    with pytest.raises(ValueError, match="batch_size"):
-        Archiver.Config(batch_size=0)
-    with pytest.raises(ValueError, match="statement_timeout"):
-        Archiver.Config(statement_timeout=0)
 
 
 def _plan(conn: psycopg.Connection[Any], statement: str, params: dict[str, Any]) -> str:

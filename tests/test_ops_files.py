@@ -16,7 +16,8 @@ import pytest
 OPS = Path(__file__).resolve().parent.parent / "ops"
 PROMETHEUS = OPS / "prometheus"
 
-# DESIGN.md's metric names; histograms also expose _bucket, _count and _sum.
+# The contract's metric names (docs/architecture.md, "Interface contract"); histograms also
+# expose _bucket, _count and _sum.
 DESIGN_METRICS = {
     "sa_jobs_enqueued_total", "sa_job_transitions_total", "sa_job_failures_total",
     "sa_job_queue_depth", "sa_job_oldest_queued_seconds", "sa_job_wait_seconds",

@@ -8,13 +8,12 @@ import uuid
 from dataclasses import replace
 
 import falcon.testing
-import pytest
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import entity as entity_q
-from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import create_token
 from jobqueue.engine.claim import claim
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
@@ -90,15 +89,6 @@ def test_the_cap_is_exact_under_concurrent_submits(
         thread.join(30)
     assert sorted(statuses) == [202] * cap + [429] * (threads_n - cap)
     assert counts(pool)["jobs"] == cap
-
-
-def test_the_cap_is_off_by_default_and_bad_values_are_refused() -> None:
-    base = {"DATABASE_URL": "postgresql://x/y"}
-    assert Settings.from_env(base).org_max_queued == 0
-    assert Settings.from_env({**base, "SA_ORG_MAX_QUEUED": "500"}).org_max_queued == 500
-    for bad in ("-1", "lots", "1.5"):
-        with pytest.raises(SettingsError, match="SA_ORG_MAX_QUEUED"):
-            Settings.from_env({**base, "SA_ORG_MAX_QUEUED": bad})
 
 
 def test_uncapped_submits_are_not_limited(settings: Settings, pool: ConnectionPool[DictConnection],

@@ -70,22 +70,6 @@ def leaders(database_url: str) -> Iterator[Callable[..., MaintenanceLeader]]:
         leader.stop()
 
 
-@pytest.mark.parametrize("field", ["stale_after", "stuck_after", "batch_size", "statement_timeout"])
-@pytest.mark.parametrize("value", [0, -1])
-def test_reclaim_config_rejects_non_positive_values(field: str, value: int) -> None:
-    with pytest.raises(ValueError, match=field):
-        Reclaimer.Config(**{field: value})
-
-
-@pytest.mark.parametrize("field", ["reclaim_interval", "lock_retry_interval", "reconnect_delay",
-                                   "connect_timeout"])
-def test_leader_config_rejects_non_positive_intervals(field: str) -> None:
-    with pytest.raises(ValueError, match=field):
-        MaintenanceLeader.Config(**{field: 0})
-    with pytest.raises(ValueError, match="jitter"):
-        MaintenanceLeader.Config(jitter=1.0)
-
-
 def test_dead_workers_job_is_requeued_then_completes_on_a_real_worker(
     pool: ConnectionPool[DictConnection], caller: Caller, workers: WorkerHarness,
 ) -> None:

@@ -10,7 +10,6 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.control import cancel_job
 from jobqueue.engine.enqueue import enqueue
@@ -87,23 +86,3 @@ def test_retention_archives_old_finished_jobs_in_bounded_rounds(
     assert [r["id"] for r in fetch_all(pool, "SELECT id FROM sa_job")] == [queued]
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    ("SA_ARCHIVE_AFTER", "-1"), ("SA_ARCHIVE_AFTER", "inf"), ("SA_ARCHIVE_AFTER", "soon"),
-    ("SA_IDEMPOTENCY_KEY_RETENTION", "3600"), ("SA_RETENTION_INTERVAL", "0"),
-    ("SA_STATEMENT_TIMEOUT", "-5"), ("SA_LOCK_TIMEOUT", "nan"),
-])
-def test_retention_and_timeout_settings_refuse_nonsense(name: str, value: str) -> None:
-    with pytest.raises(SettingsError, match=name):
-        Settings.from_env({"DATABASE_URL": "postgresql:///x", name: value})
-
-
-def test_retention_and_timeouts_default_to_documented_values_and_0_turns_them_off() -> None:
-    settings = Settings.from_env({"DATABASE_URL": "postgresql:///x"})
-    assert (settings.archive_after, settings.idempotency_key_retention,
-            settings.retention_interval) == (30 * DAY, DAY, 3600.0)
-    assert (settings.statement_timeout, settings.lock_timeout) == (30.0, 10.0)
-    off = Settings.from_env({"DATABASE_URL": "postgresql:///x", "SA_ARCHIVE_AFTER": "0",
-                             "SA_IDEMPOTENCY_KEY_RETENTION": "0", "SA_STATEMENT_TIMEOUT": "0",
-                             "SA_LOCK_TIMEOUT": "0"})
-    assert not Retention.Config.from_settings(off).enabled
-    assert off.worker_database_url == "postgresql:///x"

@@ -16,7 +16,6 @@ from jobqueue.core import tokens
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.operator.cli import main
-from jobqueue.operator.token_commands import parse_expiry
 from service.app import create_app
 from tests.conftest import fetch_one
 
@@ -147,17 +146,6 @@ def test_a_bad_expiry_is_a_usage_error(cli: pytest.CaptureFixture[str], bad: str
         main(["create-token", "--org", "1", "--user", "10", "--expires", bad])
     assert exit_info.value.code == 2
     assert "--expires" in cli.readouterr().err
-
-
-def test_parse_expiry_forms() -> None:
-    now = datetime(2030, 1, 1, tzinfo=UTC)
-    assert parse_expiry("90s", now) == now + timedelta(seconds=90)
-    assert parse_expiry("1.5h", now) == now + timedelta(minutes=90)
-    assert parse_expiry("2w", now) == now + timedelta(days=14)
-    assert parse_expiry("2030-01-02", now) == datetime(2030, 1, 2, tzinfo=UTC)
-    assert parse_expiry("2030-01-01T12:00:00+02:00", now) == datetime(2030, 1, 1, 10, tzinfo=UTC)
-    with pytest.raises(ValueError, match="future"):
-        parse_expiry("2029-12-31", now)
 
 
 def test_the_fetched_digest_is_compared_in_constant_time(

@@ -185,7 +185,8 @@ def test_routes_without_a_body_refuse_one(
 
 
 @pytest.mark.parametrize("since", [
-    "yesterday", "2024-13-01", "2024-02-30", "0000-01-01", "2024-01-01T25:00", "2024-01-01T10:00z",
+    "yesterday", "2024-13-01", "2024-02-30", "2023-02-29", "1900-02-29", "2024-04-31",
+    "0000-01-01", "2024-01-01T25:00", "2024-01-01T10:00z",
     "2024-01-01\n", "2024-01-01T10:00:00+0100", "20240101", "2024-W01", "", "2024-01-01T10:00:00.1234567",
 ])
 def test_bad_cursors_answer_400(client: falcon.testing.TestClient, auth: dict[str, str],
@@ -196,7 +197,8 @@ def test_bad_cursors_answer_400(client: falcon.testing.TestClient, auth: dict[st
     assert "since" in result.json["description"]
 
 
-@pytest.mark.parametrize("since", ["2024-01-01", "2024-01-01T10:00", "2024-01-01T10:00:00Z",
+@pytest.mark.parametrize("since", ["2024-01-01", "2024-02-29", "2000-02-29T23:59", "0001-01-01",
+                                   "9999-12-31T23:59:59.999999", "2024-01-01T10:00", "2024-01-01T10:00:00Z",
                                    "2024-01-01 10:00:00.5+02:00", "2024-01-01T10:00:00.123456-05:30"])
 def test_good_cursors_are_accepted(client: falcon.testing.TestClient, auth: dict[str, str],
                                    since: str) -> None:

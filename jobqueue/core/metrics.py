@@ -1,4 +1,4 @@
-"""Every Prometheus metric of DESIGN.md's contract, declared once; names and labels are fixed."""
+"""Every Prometheus metric of the contract (docs/architecture.md), declared once; names and labels fixed."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ FAILURES = Counter("sa_job_failures_total", "Failed attempts (retried or termina
                    ["error_kind"])
 WAIT_SECONDS = Histogram("sa_job_wait_seconds", "From job creation (or due time) to claim.",
                          buckets=_LATENCY_BUCKETS)
-# NOTE: an extension of DESIGN.md's list: the claim statement's own duration, which must not grow
-# with the backlog (bench/sustained.py prints it).
+# NOTE: an extension of the contract's list (docs/architecture.md): the claim statement's own
+# duration, which must not grow with the backlog (bench/sustained.py prints it).
 CLAIM_SECONDS = Histogram("sa_job_claim_seconds", "Claim statements (pool checkout and commit included).",
                           buckets=_LATENCY_BUCKETS)
 RUN_SECONDS = Histogram("sa_job_run_seconds", "From claim to finalize.", buckets=_LATENCY_BUCKETS)

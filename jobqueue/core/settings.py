@@ -119,7 +119,7 @@ def notify_interval(env: Mapping[str, str] | None = None) -> float:
 
 @dataclass(frozen=True)
 class Settings:
-    """Every knob of DESIGN.md's interface contract, in seconds where it is a duration."""
+    """Every knob of the interface contract (docs/architecture.md), in seconds where it is a duration."""
 
     database_url: str
     direct_database_url: str

@@ -28,7 +28,8 @@ __all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "ClaimedJob", "Undecodable", "claim", "
 
 log = structlog.get_logger(__name__)
 
-# NOTE: DESIGN.md's default for the `depth` option: ancestors sent along with a prompt.
+# NOTE: the contract's default for the `depth` option (the OpenAPI document's ExecutionOptions):
+# ancestors sent along with a prompt.
 DEFAULT_DEPTH = 10
 
 MAX_DEPTH = 50

@@ -19,7 +19,6 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.jsonable import json_default
 from jobqueue.core.states import JobState
-from jobqueue.operator.archive import Archiver
 from jobqueue.operator.cli_pool import with_cli_pool
 from jobqueue.operator.inspection import (
     JobDetails,
@@ -29,6 +28,7 @@ from jobqueue.operator.inspection import (
     list_jobs,
     queue_metrics,
 )
+from jobqueue.runtime.archive import Archiver
 
 __all__ = ["add_operator_commands", "parse_instant"]
 

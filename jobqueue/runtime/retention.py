@@ -1,8 +1,8 @@
 """Retention: archive old finished jobs and prune expired idempotency keys, as the maintenance leader.
 
 The same work the `archive-old-jobs` and `prune-idempotency-keys` commands do from cron, run on
-an interval by the one worker that holds the maintenance role (DESIGN.md: "runs reclaim and
-retention"), so no system cron is needed. Each part is off when its age is 0.
+an interval by the one worker that holds the maintenance role (docs/architecture.md: the leader
+runs reclaim and retention), so no system cron is needed. Each part is off when its age is 0.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.engine.idempotency import prune_expired_keys
-from jobqueue.operator.archive import ArchiveCursor, Archiver
+from jobqueue.runtime.archive import ArchiveCursor, Archiver
 
 __all__ = ["Retention", "RetentionCounts"]
 

@@ -24,7 +24,7 @@ from service.event_hub import (
     replay_events,
 )
 from service.serialize import json_handler
-from service.validation import parse_event_id, parse_org_wide
+from service.validation import parse_last_event_id, parse_org_wide
 
 __all__ = ["EVENT_NAME", "RETRY_MILLISECONDS", "MissionEvents"]
 
@@ -63,15 +63,6 @@ class _FrameCache:
                         del self._frames[next(iter(self._frames))]
             out.append(frame)
         return b"".join(out)
-
-
-def _last_event_id(req: falcon.Request) -> int | None:
-    """The Last-Event-ID header (sent by a reconnecting EventSource), else `?last_event_id=`."""
-    raw = req.get_header("Last-Event-ID")
-    if raw is not None and raw.strip():
-        return parse_event_id(raw, "Last-Event-ID", header=True)
-    param = req.get_param("last_event_id")
-    return None if param is None else parse_event_id(param, "last_event_id")
 
 
 def _client_gone(sock: socket.socket | None) -> bool:
@@ -142,7 +133,7 @@ class MissionEvents:
         Raises:
             falcon.HTTPTooManyRequests: the token or the process has its cap of streams.
         """
-        last = _last_event_id(req)
+        last = parse_last_event_id(req)
         org_wide = parse_org_wide(req.get_param("scope"))
         caller: Caller = req.context.caller
         self._hub.ensure_started()

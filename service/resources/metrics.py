@@ -1,4 +1,4 @@
-"""GET /metrics: Prometheus text format, unscoped (no token), as DESIGN.md says."""
+"""GET /metrics: Prometheus text format, unscoped (no token), as the contract says (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -9,10 +9,9 @@ from jobqueue.core.db import DictConnection
 from service.event_hub import EventHub
 from service.lookup import recent_changes
 from service.validation import (
-    RECENT_LIMIT_DEFAULT,
-    RECENT_LIMIT_MAX,
     encode_cursor,
     parse_cursor,
+    parse_limit,
     parse_org_wide,
     parse_since,
 )
@@ -34,9 +33,7 @@ class MissionRecent:
         """Answers `{as_of, items, next_cursor, has_more}`."""
         after = parse_cursor(req.get_param("cursor"))
         since = parse_since(req.get_param("since"))
-        limit = req.get_param_as_int("limit", min_value=1, max_value=RECENT_LIMIT_MAX,
-                                     default=RECENT_LIMIT_DEFAULT)
-        assert limit is not None
+        limit = parse_limit(req)
         org_wide = parse_org_wide(req.get_param("scope"))
         page = recent_changes(self._pool, req.context.caller, upto=self._hub.wait_ready(
             HUB_WAIT_SECONDS), after=after, since=since, limit=limit, org_wide=org_wide)

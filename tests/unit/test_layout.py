@@ -1,0 +1,109 @@
+"""The rooms of the code import one way: service -> jobqueue; inside jobqueue, core imports no
+other room, engine only core, runtime only engine and core; operator and devtools sit on top.
+Read from the source with ast, so an import added anywhere (even inside a function) counts."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+__all__: list[str] = []
+
+REPO = Path(__file__).resolve().parents[2]
+
+ALLOWED: dict[str, set[str]] = {
+    "core": {"core"},
+    "engine": {"core", "engine"},
+    "runtime": {"core", "engine", "runtime"},
+    "operator": {"core", "engine", "runtime", "operator", "devtools"},
+    "devtools": {"core", "engine", "runtime", "operator", "devtools"},
+}
+"""Which rooms of jobqueue/ each room may import (see docs/architecture.md)."""
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module `path` imports, relative imports resolved."""
+    package = _module(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            found.add(module)
+    return found
+
+
+def _sources(top: str) -> list[Path]:
+    return sorted((REPO / top).rglob("*.py"))
+
+
+def test_the_rooms_exist() -> None:
+    rooms = {p.name for p in (REPO / "jobqueue").iterdir() if (p / "__init__.py").exists()}
+    assert rooms == set(ALLOWED), "a new room needs its line in ALLOWED and in docs/architecture.md"
+
+
+@pytest.mark.parametrize("path", _sources("jobqueue"), ids=lambda p: str(p.relative_to(REPO)))
+def test_jobqueue_imports_run_one_way(path: Path) -> None:
+    room = path.relative_to(REPO / "jobqueue").parts[0]
+    for module in _imports(path):
+        top, _, rest = module.partition(".")
+        assert top != "service", f"{path.name} imports {module}: jobqueue never imports the web"
+        assert top != "falcon", f"{path.name} imports falcon: HTTP stays in service/"
+        if top == "jobqueue" and rest:
+            target = rest.split(".")[0]
+            if room in ALLOWED:
+                assert target in ALLOWED[room], f"{room}/{path.name} imports {module}"
+
+
+def test_an_upward_import_is_caught() -> None:
+    source = REPO / "jobqueue" / "core" / "states.py"
+    assert "jobqueue.core.policy" not in _imports(source)
+    assert _imports(REPO / "jobqueue" / "engine" / "claim.py") & {"jobqueue.core.queries.job",
+                                                                  "jobqueue.core.queries"}
+
+
+def _statement_names() -> set[str]:
+    names: set[str] = set()
+    for path in (REPO / "jobqueue" / "core" / "queries").glob("*.py"):
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Assign):
+                names.update(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.add(node.target.id)
+    return names
+
+
+@pytest.mark.parametrize("doc", ["docs/architecture.md", "README.md", "ops/README.md"])
+def test_the_docs_cite_files_the_repository_has(doc: str) -> None:
+    text = (REPO / doc).read_text()
+    cited = set(re.findall(r"(?<![\w./-])((?:jobqueue|service|sql|tests|docs|ops|bench)/[\w./@-]*\w)",
+                           text))
+    # NOTE: `NNNN_name.sql` is the migrations' naming pattern, not a file.
+    missing = sorted(path for path in cited
+                     if not (REPO / path).exists() and "NNNN" not in path)
+    assert not missing, f"{doc} cites files the repository does not have: {missing}"
+    assert "DESIGN.md" not in text
+
+
+def test_the_architecture_names_statements_that_exist() -> None:
+    text = (REPO / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`([A-Z][A-Z_]+[A-Z])(?:_\*)?`", text))
+    statements = _statement_names()
+    prefixes = {name for name in named if f"`{name}_*`" in text}
+    unknown = sorted(name for name in named - prefixes
+                     if name.startswith(("JOB_", "PROMPT_", "IDEMPOTENCY_", "ORG_", "MAINTENANCE_",
+                                         "MISSION_", "TOKEN_")) and name not in statements)
+    assert not unknown, f"docs/architecture.md names statements that do not exist: {unknown}"
+    assert all(any(s.startswith(p) for s in statements) for p in prefixes), prefixes
