@@ -70,9 +70,10 @@ def with_cli_pool(action: Callable[[ConnectionPool[DictConnection]], Answer], as
         psycopg.OperationalError, psycopg_pool.PoolTimeout: the database cannot be reached
             (`sa-core` prints one line and exits 1).
     """
-    url = Settings.from_env().database_url
-    probe(url)
-    pool = open_pool(url, name="cli", max_size=1, timeout=CONNECT_TIMEOUT)
+    settings = Settings.from_env()
+    probe(settings.database_url)
+    pool = open_pool(settings.database_url, name="cli", max_size=1, timeout=CONNECT_TIMEOUT,
+                     prepare=settings.prepared_statements)
     try:
         print_answer(action(pool), as_json)
     except JobQueueError as exc:
