@@ -45,8 +45,11 @@ __all__ = [
     "SINCE_PATTERN",
     "TEXT_PATTERN",
     "UUID_PATTERN",
+    "Choice",
     "Fields",
     "Integer",
+    "Number",
+    "OneOrMore",
     "Param",
     "PromptRequest",
     "Spec",
@@ -87,7 +90,8 @@ TEXT_PATTERN = f"^[{BLANK_CHARACTERS}]*[^\\u0000{BLANK_CHARACTERS}][^\\u0000]*$"
 """A text field: not blank, no NUL character. Linear to match, even on a long blank string."""
 
 _YEAR = "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
-_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+# NOTE: a century is a leap year when divisible by 400; year 0000 is none (no year 0).
+_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 _MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
               "|02-(0[1-9]|1[0-9]|2[0-8]))")
 SINCE_PATTERN = (
@@ -256,7 +260,70 @@ class Fields:
                 for field_name, spec in self.fields.items() if field_name in value}
 
 
-Spec = Integer | Text | Uuid | Fields
+@dataclass(frozen=True)
+class Number:
+    """A finite JSON number within [low, high] (integers too; NaN and Infinity never parse)."""
+
+    low: float
+    high: float
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "number", "minimum": self.low, "maximum": self.high},
+                          self.description)
+
+    def check(self, value: object, name: str) -> float:
+        """Returns the value as a float; raises a 422 naming `name` otherwise."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _invalid(name, "must be a number")
+        if not self.low <= value <= self.high:
+            raise _invalid(name, f"must be between {self.low:g} and {self.high:g}")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One string of a fixed list."""
+
+    values: tuple[str, ...]
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "string", "enum": list(self.values)}, self.description)
+
+    def check(self, value: object, name: str) -> str:
+        """Returns the value; raises a 422 naming `name` and the choices otherwise."""
+        if not isinstance(value, str) or value not in self.values:
+            raise _invalid(name, f"must be one of: {', '.join(self.values)}")
+        return value
+
+
+@dataclass(frozen=True)
+class OneOrMore:
+    """One text, or a list of 1 to `max_items` texts (OpenAI's `stop`); always a list once checked."""
+
+    item: Text
+    max_items: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"anyOf": [self.item.schema(),
+                                     {"type": "array", "minItems": 1, "maxItems": self.max_items,
+                                      "items": self.item.schema()}]}, self.description)
+
+    def check(self, value: object, name: str) -> list[str]:
+        """Returns the texts as a list; raises a 422 naming `name` (and the bad item) otherwise."""
+        if isinstance(value, str):
+            return [self.item.check(value, name)]
+        if not isinstance(value, list) or not 1 <= len(value) <= self.max_items:
+            raise _invalid(name, f"must be a string or a list of 1 to {self.max_items} strings")
+        return [self.item.check(item, f"{name}[{i}]") for i, item in enumerate(value)]
+
+
+Spec = Integer | Number | Choice | OneOrMore | Text | Uuid | Fields
 
 
 def _use(spec: Spec) -> Schema:
@@ -265,14 +332,33 @@ def _use(spec: Spec) -> Schema:
     return spec.schema()
 
 
-OPTION_KEYS = ("depth", "model")
+MAX_SYSTEM_CHARS = 100_000
+MAX_STOP_CHARS = 200
+MAX_STOPS = 4
+MAX_OUTPUT_TOKENS = 1_000_000
+MAX_SEED = 2**63 - 1
+
+_OPTION_FIELDS: dict[str, Spec] = {
+    "model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL)."),
+    "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context."),
+    "system": Text(MAX_SYSTEM_CHARS, "A system prompt, sent first, before the ancestors."),
+    "temperature": Number(0, 2, "Sampling temperature, sent as is."),
+    "top_p": Number(0, 1, "Nucleus sampling mass, sent as is."),
+    "max_tokens": Integer(1, MAX_OUTPUT_TOKENS, description="Most tokens the reply may hold."),
+    "stop": OneOrMore(Text(MAX_STOP_CHARS), MAX_STOPS,
+                      "Where the provider stops: one string or up to four (stored as a list)."),
+    "response_format": Fields(
+        {"type": Choice(("text", "json_object"), "`json_object` asks for JSON mode.")},
+        required=("type",), description="OpenAI's response_format: text or JSON mode."),
+    "seed": Integer(-MAX_SEED - 1, MAX_SEED, description="Sampling seed, for providers that "
+                                                         "honour one.")}
 
 OPTIONS = Fields(
-    {"model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL)."),
-     "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context.")},
-    description="Execution options; only these keys are accepted.",
-    unknown=f"unknown option (allowed: {', '.join(OPTION_KEYS)})", component="ExecutionOptions")
+    _OPTION_FIELDS, description="Execution options; only these keys are accepted.",
+    unknown=f"unknown option (allowed: {', '.join(_OPTION_FIELDS)})", component="ExecutionOptions")
 """The `options` of POST /prompt: what the worker can use (claim.options_error reads the same)."""
+
+OPTION_KEYS = tuple(_OPTION_FIELDS)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import structlog
 
 from jobqueue.core.policy import BackoffConfig, ErrorKind, RetryAction, decide
 from jobqueue.engine import finalize
-from jobqueue.engine.claim import ClaimedJob
+from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.provider import Provider, ProviderFailure
 
@@ -75,8 +75,10 @@ class Executor:
 
     @staticmethod
     def build_messages(job: ClaimedJob) -> list[dict[str, str]]:
-        """Returns the chat messages: ancestors (up to `depth`) oldest first, then the prompt."""
-        return [
+        """Returns the chat messages: the `system` option, ancestors (up to `depth`) oldest first,
+        then the prompt."""
+        system = [{"role": "system", "content": job.options["system"]}] if "system" in job.options else []
+        return system + [
             {"role": "user" if entry["kind"] == "prompt" else "assistant", "content": entry["content"]}
             for entry in job.context
         ]
@@ -97,7 +99,8 @@ class Executor:
         model = str(job.options.get("model") or self.default_model)
         messages = self.build_messages(job)
         try:
-            completion = self.provider.complete(model, messages)
+            completion = self.provider.complete(model, messages, params={
+                name: job.options[name] for name in SENT_OPTIONS if name in job.options})
         except ProviderFailure as failure:
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
             bound.warning("provider.request", outcome=failure.kind.value, model=model,

@@ -152,6 +152,7 @@ class Provider:
         model: str,
         messages: list[dict[str, str]],
         on_delta: Callable[[str], None] | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> Completion:
         """Runs one chat completion and records its latency by outcome.
 
@@ -160,6 +161,7 @@ class Provider:
             messages: OpenAI chat messages, oldest first.
             on_delta: when given, the call asks for a streamed answer (`stream: true`, server-sent
                 events) and passes each piece of text as it arrives; the completion holds them all.
+            params: more request body fields (temperature, stop...), sent as they are.
 
         Returns:
             The completion.
@@ -169,7 +171,7 @@ class Provider:
         """
         started = time.monotonic()
         try:
-            completion = self._call(model, messages, on_delta, started)
+            completion = self._call(model, messages, on_delta, params or {}, started)
         except ProviderFailure as failure:
             metrics.PROVIDER_REQUEST_SECONDS.labels(outcome=failure.kind.value).observe(
                 time.monotonic() - started)
@@ -178,8 +180,9 @@ class Provider:
         return completion
 
     def _call(self, model: str, messages: list[dict[str, str]],
-              on_delta: Callable[[str], None] | None, started: float) -> Completion:
-        request: dict[str, Any] = {"model": model, "messages": messages}
+              on_delta: Callable[[str], None] | None, params: Mapping[str, Any],
+              started: float) -> Completion:
+        request: dict[str, Any] = {**params, "model": model, "messages": messages}
         if on_delta is not None:
             request["stream"] = True
         body = json.dumps(request).encode()
