@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import falcon
 
+from jobqueue.core.routes import Routes
 from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
@@ -55,6 +56,7 @@ __all__ = [
     "Spec",
     "Text",
     "Uuid",
+    "check_routable",
     "encode_cursor",
     "parse_cursor",
     "parse_event_id",
@@ -339,7 +341,8 @@ MAX_OUTPUT_TOKENS = 1_000_000
 MAX_SEED = 2**63 - 1
 
 _OPTION_FIELDS: dict[str, Spec] = {
-    "model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL)."),
+    "model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL); it picks the "
+                                   "model route, and a model no route serves answers 422."),
     "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context."),
     "system": Text(MAX_SYSTEM_CHARS, "A system prompt, sent first, before the ancestors."),
     "temperature": Number(0, 2, "Sampling temperature, sent as is."),
@@ -409,6 +412,21 @@ def parse_prompt(body: object, max_chars: int) -> PromptRequest:
                          priority=checked.get("priority", DEFAULT_PRIORITY),
                          max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
                          options=checked.get("options", {}))
+
+
+def check_routable(options: dict[str, Any], routes: Routes) -> None:
+    """Refuses a model no route serves, so it is a 422 now rather than a failed job later.
+
+    NOTE: a web process configured with no provider at all (only workers call one) judges
+    nothing; the worker fails such a job as `invalid_options`.
+
+    Raises:
+        falcon.HTTPUnprocessableEntity: `options.model` (or the default model) has no route.
+    """
+    if routes and routes.for_model(options.get("model")) is None:
+        model = options.get("model") or routes.default_model
+        raise _invalid("options.model", f"no route serves model {model!r} (known: "
+                                        f"{', '.join(routes.known_models)})")
 
 
 NO_BODY = Fields({}, description="No body is needed; an empty JSON object is accepted, anything "

@@ -24,7 +24,7 @@ from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.provider import Provider
+from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import Worker, WorkerConfig
 from service.app import create_app
 from service.event_hub import EventHub
@@ -152,9 +152,8 @@ class WorkerHarness:
     def __init__(self, settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
         self.settings = settings
         self.pool = pool
-        self.provider = Provider(settings.provider_url, settings.provider_api_key,
-                                 settings.provider_timeout,
-                                 max_response_bytes=settings.provider_max_response_bytes)
+        self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
+                                               settings.provider_max_response_bytes)
         self._running: list[tuple[Worker, threading.Thread]] = []
         self._listeners: list[NotificationListener] = []
         self._completers: list[Completer] = []
@@ -169,7 +168,7 @@ class WorkerHarness:
                                 rate_limit_min_wait=self.settings.rate_limit_min_wait)
         completer = Completer(self.pool)
         self._completers.append(completer)
-        executor = Executor(completer, self.provider, self.settings.provider_model, backoff)
+        executor = Executor(completer, self.providers, backoff)
         return Worker(self.pool, executor, replace(base, **config))
 
     def start(self, listen: bool = False, **config: Any) -> Worker:
@@ -195,7 +194,7 @@ class WorkerHarness:
         self._running.clear()
         for completer in self._completers:
             completer.close()
-        self.provider.close()
+        self.providers.close()
 
 
 @pytest.fixture

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load_routes
+
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL", "KEY_TTL_SECONDS", "Settings",
            "SettingsError", "notify_interval"]
 
@@ -118,6 +120,7 @@ class Settings:
     provider_model: str
     provider_timeout: float = 180.0
     provider_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    provider_routes: tuple[Route, ...] = ()
     heartbeat_interval: float = 30.0
     stale_after: float = 300.0
     stuck_after: float = 900.0
@@ -159,6 +162,10 @@ class Settings:
         database_url = env.get("DATABASE_URL", "")
         if not database_url:
             raise SettingsError("DATABASE_URL is not set (use `sa-core dev` for a local database)")
+        try:
+            routes = load_routes(env)
+        except RouteError as exc:
+            raise SettingsError(str(exc)) from None
         return cls(
             database_url=database_url,
             direct_database_url=env.get("SA_DIRECT_DATABASE_URL") or database_url,
@@ -168,6 +175,7 @@ class Settings:
             provider_timeout=_float(env, "SA_PROVIDER_TIMEOUT", 180.0),
             provider_max_response_bytes=_int(env, "SA_PROVIDER_MAX_RESPONSE_BYTES",
                                              DEFAULT_MAX_RESPONSE_BYTES),
+            provider_routes=routes,
             heartbeat_interval=_float(env, "SA_HEARTBEAT_INTERVAL", 30.0),
             stale_after=_float(env, "SA_STALE_AFTER", 300.0),
             stuck_after=_float(env, "SA_STUCK_AFTER", 900.0),
@@ -204,6 +212,12 @@ class Settings:
             body_timeout=_float(env, "SA_BODY_TIMEOUT", 10.0),
             token_cache_ttl=_float(env, "SA_TOKEN_CACHE_TTL", 2.0, minimum=-1.0),
         )
+
+    @property
+    def routes(self) -> Routes:
+        """Every model route: SA_PROVIDER_ROUTES(_FILE), then `default` from SA_PROVIDER_*."""
+        return default_routes(self.provider_routes, self.provider_url, self.provider_api_key,
+                              self.provider_model)
 
     @property
     def worker_database_url(self) -> str:

@@ -25,6 +25,11 @@ latency combines with the rest, otherwise the first failure marker in text order
 A body with ``"stream": true`` gets the reply as OpenAI's server-sent chunks (one per word, a
 last chunk with ``finish_reason`` and ``usage``, then ``data: [DONE]``), chunked transfer encoding.
 
+``POST /openai/deployments/NAME/chat/completions?api-version=V`` is Azure's path: without an
+``api-version`` it answers 404, and errors use Azure's body. With ``api_key`` configured, a call
+without the key answers 401 (``Authorization: Bearer KEY``; Azure paths ``api-key: KEY``).
+``flavour`` picks the error bodies elsewhere: OpenAI's, vLLM's or Ollama's.
+
 Server-wide knobs live in :class:`FakeConfig`. ``GET /healthz`` answers ``{"ok": true}``.
 """
 
@@ -43,6 +48,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -52,6 +58,8 @@ from typing import Any, Literal, cast
 __all__ = ["FakeConfig", "FakeProvider", "add_arguments", "config_from_args", "serve_forever"]
 
 _CHAT_PATHS = frozenset({"/chat/completions", "/v1/chat/completions"})
+_AZURE_PATH_RE = re.compile(r"/openai/deployments/[^/]+/chat/completions")
+_FLAVOURS = ("openai", "azure", "vllm", "ollama")
 _MARKER_RE = re.compile(r"\[fake:([^\]\s]+)\]")
 _CLIENT_ERRORS = frozenset({400, 401, 403, 404, 422})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -70,6 +78,8 @@ class FakeConfig:
     hang_rate: float = 0.0
     seed: int | None = None
     verbose: bool = False
+    api_key: str | None = None
+    flavour: str = "openai"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency) and self.latency >= 0):
@@ -77,6 +87,8 @@ class FakeConfig:
         for name in ("fail_rate", "rate_limit_rate", "hang_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
+        if self.flavour not in _FLAVOURS:
+            raise ValueError(f"flavour must be one of: {', '.join(_FLAVOURS)}")
 
 
 @dataclass(frozen=True)
@@ -164,6 +176,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.flavour = self.server.config.flavour
         with self.server.lock:
             self.server.conns.add(self.connection)
 
@@ -207,11 +220,20 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._read_body()
         if raw is None:
             return
-        if self.path not in _CHAT_PATHS:
+        url = urllib.parse.urlsplit(self.path)
+        azure = _AZURE_PATH_RE.fullmatch(url.path) is not None
+        self.flavour = "azure" if azure else self.server.config.flavour
+        if url.path not in _CHAT_PATHS and not azure:
             self._send_error(404, "Not found")
             return
         with self.server.lock:
             self.server.served += 1
+        if azure and "api-version" not in urllib.parse.parse_qs(url.query):
+            self._send_error(404, "Resource not found")
+            return
+        if not self._authorized(azure):
+            self._send_error(401, _UNAUTHORIZED[self.flavour])
+            return
         try:
             body = json.loads(raw)
         except ValueError:
@@ -231,6 +253,15 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         self._answer(outcome, body["model"], messages, raw, body.get("stream") is True)
+
+    def _authorized(self, azure: bool) -> bool:
+        """Azure's deployments take the key as `api-key`; everyone else as a Bearer token."""
+        key = self.server.config.api_key
+        if key is None:
+            return True
+        if azure:
+            return self.headers.get("api-key") == key
+        return self.headers.get("Authorization") == f"Bearer {key}"
 
     def _answer(self, outcome: _Outcome, model: str, messages: list[dict[str, str]],
                 raw: bytes, stream: bool) -> None:
@@ -299,9 +330,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.stop_event.wait(_POLL_S)  # NOTE: pipelined bytes; avoid a busy loop.
 
     def _send_error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        kind = _ERROR_TYPES.get(status, "server_error")
-        error = {"message": message, "type": kind, "param": None, "code": str(status)}
-        self._send_json(status, {"error": error}, headers)
+        self._send_json(status, _error_body(self.flavour, status, message), headers)
 
     def _send_json(self, status: int, payload: dict[str, Any],
                    headers: dict[str, str] | None = None) -> None:
@@ -315,6 +344,30 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
+
+
+_UNAUTHORIZED = {
+    "openai": "Incorrect API key provided.",
+    "azure": "Access denied due to invalid subscription key or wrong API endpoint. Make sure to "
+             "provide a valid key for an active subscription and use a correct regional API "
+             "endpoint for your resource.",
+    "vllm": "Unauthorized",
+    "ollama": "unauthorized",
+}
+
+
+def _error_body(flavour: str, status: int, message: str) -> dict[str, Any]:
+    """An error body as each server family writes it (their documented or observed shapes)."""
+    if flavour == "azure":
+        return {"error": {"code": str(status), "message": message}}
+    if flavour == "vllm":
+        return {"object": "error", "message": message,
+                "type": "BadRequestError" if status < 500 else "InternalServerError",
+                "param": None, "code": status}
+    if flavour == "ollama":
+        return {"error": message}
+    kind = _ERROR_TYPES.get(status, "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
 
 
 def _nonneg_float(text: str) -> float | None:
@@ -497,6 +550,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-rate", type=_fraction, default=0.0, help="probability of no answer")
     parser.add_argument("--seed", type=int, default=None, help="seed for the random choices")
     parser.add_argument("--verbose", action="store_true", help="log one line per request")
+    parser.add_argument("--api-key", default=None,
+                        help="require this key (Bearer; `api-key` on Azure deployment paths)")
+    parser.add_argument("--flavour", choices=_FLAVOURS, default="openai",
+                        help="whose error bodies to answer with (Azure paths always Azure's)")
 
 
 def config_from_args(args: argparse.Namespace) -> FakeConfig:
@@ -513,4 +570,5 @@ def config_from_args(args: argparse.Namespace) -> FakeConfig:
     """
     return FakeConfig(latency=args.latency, fail_rate=args.fail_rate,
                       rate_limit_rate=args.rate_limit_rate, hang_rate=args.hang_rate,
-                      seed=args.seed, verbose=args.verbose)
+                      seed=args.seed, verbose=args.verbose, api_key=args.api_key,
+                      flavour=args.flavour)

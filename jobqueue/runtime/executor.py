@@ -14,7 +14,7 @@ from jobqueue.core.policy import BackoffConfig, ErrorKind, RetryAction, decide
 from jobqueue.engine import finalize
 from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
 from jobqueue.runtime.completer import Completer
-from jobqueue.runtime.provider import Provider, ProviderFailure
+from jobqueue.runtime.provider import ProviderFailure, RoutedProviders
 
 __all__ = ["Executor", "Outcome", "RunControl"]
 
@@ -68,8 +68,7 @@ class Executor:
     """Runs claimed jobs against the provider; shared by all of a worker's job threads."""
 
     completer: Completer
-    provider: Provider
-    default_model: str
+    providers: RoutedProviders
     backoff: BackoffConfig
     rng: random.Random = field(default_factory=random.Random)
 
@@ -96,10 +95,17 @@ class Executor:
         """
         bound = log.bind(job_id=str(job.id), prompt_id=str(job.prompt_id),
                          attempt=job.attempt, worker_id=job.claim, org_id=job.org_id)
-        model = str(job.options.get("model") or self.default_model)
+        model = self._model(job)
         messages = self.build_messages(job)
         try:
-            completion = self.provider.complete(model, messages, params={
+            routed = self.providers.for_model(model)
+            if routed is None:
+                # NOTE: POST /prompt refuses such a model; only a web and a worker configured
+                # with different routes get here.
+                raise ProviderFailure(ErrorKind.INVALID_OPTIONS,
+                                      f"no model route serves {model!r} on this worker")
+            _, provider = routed
+            completion = provider.complete(model, messages, params={
                 name: job.options[name] for name in SENT_OPTIONS if name in job.options})
         except ProviderFailure as failure:
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
@@ -144,8 +150,10 @@ class Executor:
         bound = log.bind(job_id=str(job.id), prompt_id=str(job.prompt_id), attempt=job.attempt,
                          worker_id=job.claim, org_id=job.org_id)
         failure = ProviderFailure(ErrorKind.UNKNOWN, f"worker error: {type(exc).__name__}: {exc}")
-        return self._handle_failure(job, failure, str(job.options.get("model") or
-                                                      self.default_model), bound)
+        return self._handle_failure(job, failure, self._model(job), bound)
+
+    def _model(self, job: ClaimedJob) -> str:
+        return str(job.options.get("model") or self.providers.routes.default_model)
 
     @staticmethod
     def _report(bound: structlog.typing.FilteringBoundLogger, won: bool, outcome: Outcome) -> Outcome:

@@ -23,9 +23,10 @@ from typing import Any
 from jobqueue.core import metrics
 from jobqueue.core.policy import ErrorKind, classify_status, parse_retry_after
 from jobqueue.core.redact import redact
+from jobqueue.core.routes import Route, Routes
 from jobqueue.core.settings import DEFAULT_MAX_RESPONSE_BYTES
 
-__all__ = ["Completion", "Provider", "ProviderFailure"]
+__all__ = ["Completion", "Provider", "ProviderFailure", "RoutedProviders"]
 
 # NOTE: keep stored error messages short; provider bodies can be large.
 _MESSAGE_LIMIT = 500
@@ -311,6 +312,36 @@ class Provider:
         self._local.conn = None
         with self._lock:
             self._open.discard(conn)
+
+
+@dataclass
+class RoutedProviders:
+    """One Provider per model route; a job's model picks its route."""
+
+    routes: Routes
+    providers: dict[str, Provider]
+
+    @classmethod
+    def build(cls, routes: Routes, timeout: float, max_response_bytes: int) -> RoutedProviders:
+        """Makes a client per route (its URL with its query, its auth header).
+
+        Raises:
+            ValueError: a route's URL or the environment's proxy is unusable.
+        """
+        return cls(routes, {route.name: Provider(route.url, "", timeout,
+                                                 max_response_bytes=max_response_bytes,
+                                                 headers=route.headers)
+                            for route in routes.routes})
+
+    def for_model(self, model: str) -> tuple[Route, Provider] | None:
+        """The route serving `model` and its client, or None when no route serves it."""
+        route = self.routes.for_model(model)
+        return None if route is None else (route, self.providers[route.name])
+
+    def close(self) -> None:
+        """Closes every route's connections."""
+        for provider in self.providers.values():
+            provider.close()
 
 
 class _TooLarge(Exception):
