@@ -63,6 +63,7 @@ _JOB_EXAMPLE: Schema = {
     "response_id": _RESPONSE_ID, "error_kind": None, "error_message": None, "supersedes": None,
     "org_id": 1, "created_by": 7, "scheduled_for": "2026-11-30T12:00:00+00:00",
     "created_at": "2026-11-30T12:00:00+00:00", "updated_at": _AT,
+    "usage": [{"attempt": 1, "tokens_in": 12, "tokens_out": 48}],
 }
 _PROMPT_EXAMPLE: Schema = {
     "id": _PROMPT_ID, "kind": "prompt", "parent_id": None, "correlation_id": _PROMPT_ID,
@@ -239,6 +240,14 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "supersedes": _nullable(_UUID),
                 "org_id": {"type": "integer"}, "created_by": {"type": "integer"},
                 "scheduled_for": _TIME, "created_at": _TIME, "updated_at": _TIME,
+                "usage": {
+                    "type": "array", "description": "Tokens of each attempt that called the "
+                    "provider, oldest first (null where the provider reported none); on GET.",
+                    "items": {"type": "object", "required": ["attempt", "tokens_in", "tokens_out"],
+                              "additionalProperties": False,
+                              "properties": {"attempt": {"type": "integer", "minimum": 1},
+                                             "tokens_in": _nullable({"type": "integer"}),
+                                             "tokens_out": _nullable({"type": "integer"})}}},
             },
         },
         "Entity": {
@@ -423,7 +432,8 @@ def _paths() -> dict[str, Any]:
             "responses": {"200": {**job, "description": "The cancelled job.",
                                   "content": {"application/json": {
                                       "schema": _ref("Job"),
-                                      "example": {**_JOB_EXAMPLE, "state": "cancelled",
+                                      "example": {**{k: v for k, v in _JOB_EXAMPLE.items()
+                                                     if k != "usage"}, "state": "cancelled",
                                                   "response_id": None,
                                                   "error_message": "cancelled by user 7"}}}},
                           **_errors("400", "401", "404", "409", "413", "415", "422", "503")}}},

@@ -11,6 +11,7 @@ __all__ = [
     "HTTP_REQUEST_SECONDS",
     "OLDEST_QUEUED_SECONDS",
     "PROVIDER_REQUEST_SECONDS",
+    "PROVIDER_TOKENS",
     "QUEUE_DEPTH",
     "RUN_SECONDS",
     "TRANSITIONS",
@@ -35,6 +36,9 @@ CLAIM_SECONDS = Histogram("sa_job_claim_seconds", "Claim statements (pool checko
 RUN_SECONDS = Histogram("sa_job_run_seconds", "From claim to finalize.", buckets=_LATENCY_BUCKETS)
 PROVIDER_REQUEST_SECONDS = Histogram("sa_provider_request_seconds", "Provider calls by outcome.",
                                      ["outcome"], buckets=_LATENCY_BUCKETS)
+PROVIDER_TOKENS = Counter("sa_provider_tokens_total",
+                          "Tokens the provider reported, by model route and direction (in, out).",
+                          ["route", "direction"])
 HTTP_REQUEST_SECONDS = Histogram("sa_http_request_seconds", "HTTP requests served.",
                                  ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
 

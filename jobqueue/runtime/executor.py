@@ -10,6 +10,7 @@ from enum import StrEnum
 
 import structlog
 
+from jobqueue.core import metrics
 from jobqueue.core.policy import BackoffConfig, ErrorKind, RetryAction, decide
 from jobqueue.engine import finalize
 from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
@@ -104,7 +105,7 @@ class Executor:
                 # with different routes get here.
                 raise ProviderFailure(ErrorKind.INVALID_OPTIONS,
                                       f"no model route serves {model!r} on this worker")
-            _, provider = routed
+            route, provider = routed
             completion = provider.complete(model, messages, params={
                 name: job.options[name] for name in SENT_OPTIONS if name in job.options})
         except ProviderFailure as failure:
@@ -115,9 +116,12 @@ class Executor:
                 bound.info("job.abandoned", error_kind=failure.kind.value)
                 return Outcome.ABANDONED
             return self._handle_failure(job, failure, model, bound)
-        bound.info("provider.request", outcome="ok", model=completion.model,
+        bound.info("provider.request", outcome="ok", model=completion.model, route=route.name,
                    http_status=completion.http_status, latency_ms=completion.latency_ms,
                    tokens_in=completion.tokens_in, tokens_out=completion.tokens_out)
+        for direction, tokens in (("in", completion.tokens_in), ("out", completion.tokens_out)):
+            if tokens:
+                metrics.PROVIDER_TOKENS.labels(route=route.name, direction=direction).inc(tokens)
         if control is not None and not control.begin_finish():
             bound.info("job.abandoned")
             return Outcome.ABANDONED

@@ -256,10 +256,20 @@ UPDATE sa_job
 RETURNING id, prompt_id, org_id, attempt
 """
 
+# NOTE: the tokens of each attempt that called the provider, oldest first; a GET shows them
+# with the job. Served by sa_ledger_job_idx (job_id), one probe per job.
+_USAGE_COLUMN = """
+, coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', l.attempt, 'tokens_in', l.tokens_in,
+                                                'tokens_out', l.tokens_out) ORDER BY l.id)
+              FROM sa_ledger l
+             WHERE l.job_id = sa_job.id), '[]'::jsonb) AS usage
+"""
+
 # served by sa_job_pkey (id)
 JOB_GET = (
     "SELECT "
     + JOB_COLUMNS
+    + _USAGE_COLUMN
     + """
   FROM sa_job
  WHERE id = %(job_id)s AND org_id = %(org_id)s
@@ -270,6 +280,7 @@ JOB_GET = (
 JOB_LIST_FOR_PROMPT = (
     "SELECT "
     + JOB_COLUMNS
+    + _USAGE_COLUMN
     + """
   FROM sa_job
  WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s
