@@ -227,7 +227,7 @@ class Provider:
             data = self._read(response)
             raise ProviderFailure(
                 classify_status(response.status),
-                f"provider answered {response.status}: {_text(data)}",
+                f"provider answered {response.status}: {_error_message(data)}",
                 http_status=response.status,
                 retry_after=parse_retry_after(response.getheader("retry-after"), datetime.now(UTC)),
                 latency_ms=_elapsed_ms(started),
@@ -469,6 +469,26 @@ def _idle_socket_readable(sock: socket.socket) -> bool:
 def _text(data: bytes) -> str:
     """The start of a body for an error message, in text Postgres can store (no NUL)."""
     return data[:_MESSAGE_LIMIT].decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+def _error_message(data: bytes) -> str:
+    """The message of an error body as OpenAI, Azure, vLLM or Ollama write it, else its start.
+
+    OpenAI and Azure: `{"error": {"message": ...}}`; vLLM: `{"object": "error", "message": ...}`;
+    Ollama: `{"error": "..."}` (tests/test_conformance.py replays each).
+    """
+    try:
+        body: Any = json.loads(data)
+    except ValueError:
+        return _text(data)
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    message = error if isinstance(error, str) else (
+        body.get("message") if isinstance(body, dict) else None)
+    if not isinstance(message, str) or not message.strip():
+        return _text(data)
+    return _text(message.encode())
 
 
 def _elapsed_ms(started: float) -> int:
