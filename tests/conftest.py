@@ -24,13 +24,14 @@ from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import Worker, WorkerConfig
 from service.app import create_app
 from service.event_hub import EventHub
 
 TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
-          "sa_job_archive, sa_job_event_archive, sa_ledger_archive")
+          "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -168,7 +169,10 @@ class WorkerHarness:
                                 rate_limit_min_wait=self.settings.rate_limit_min_wait)
         completer = Completer(self.pool)
         self._completers.append(completer)
-        executor = Executor(completer, self.providers, backoff)
+        gate = RouteGate(self.pool, refresh=self.settings.gate_refresh,
+                         window=self.settings.route_limit_window)
+        executor = Executor(completer, self.providers, backoff, gate,
+                            self.settings.throttle_max_wait)
         return Worker(self.pool, executor, replace(base, **config))
 
     def start(self, listen: bool = False, **config: Any) -> Worker:

@@ -55,7 +55,8 @@ _FINALIZE = {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3,
              "tokens_in": [1] * 3, "tokens_out": [1] * 3, "latency_ms": [1] * 3,
              "http_status": [200, 503, 400], "response_id": [uuid.uuid4(), None, None],
              "content": ["a", None, None], "error_kind": [None, "provider_5xx", "provider_4xx"],
-             "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None]}
+             "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None],
+             "spend_attempt": [True, True, True]}
 _CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4}
 
 HOT_PATH = [

@@ -56,6 +56,7 @@ from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import Completion, Provider, RoutedProviders
 from jobqueue.runtime.worker import Worker, WorkerConfig
 
@@ -217,8 +218,9 @@ class Runner:
         completer = Completer(pool)
         self.stops.append(completer.close)
         routes = Routes((Route("default", "http://stub.invalid"),), "noop")
+        gate = RouteGate(pool, refresh=0.5, window=60.0)
         executor = Executor(completer, RoutedProviders(routes, {"default": self.stub}),
-                            BackoffConfig())
+                            BackoffConfig(), gate, 3600.0)
         worker = Worker(pool, executor, WorkerConfig(concurrency=self.concurrency))
         listener = NotificationListener(self.url, JOB_QUEUED_LISTEN, worker.on_job_queued,
                                         worker.wake).start()

@@ -13,6 +13,7 @@ __all__ = [
     "PROVIDER_REQUEST_SECONDS",
     "PROVIDER_TOKENS",
     "QUEUE_DEPTH",
+    "ROUTE_THROTTLED",
     "RUN_SECONDS",
     "TRANSITIONS",
     "WAIT_SECONDS",
@@ -39,6 +40,11 @@ PROVIDER_REQUEST_SECONDS = Histogram("sa_provider_request_seconds", "Provider ca
 PROVIDER_TOKENS = Counter("sa_provider_tokens_total",
                           "Tokens the provider reported, by model route and direction (in, out).",
                           ["route", "direction"])
+# NOTE: an extension of the contract's list: one count per throttling episode (a route that was
+# running is paused), by `reason` (`429` from the provider, `limit` for a configured RPM/TPM).
+ROUTE_THROTTLED = Counter("sa_route_throttled_total",
+                          "Model routes paused for every worker, by route and reason.",
+                          ["route", "reason"])
 HTTP_REQUEST_SECONDS = Histogram("sa_http_request_seconds", "HTTP requests served.",
                                  ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
 

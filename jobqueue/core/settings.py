@@ -129,6 +129,8 @@ class Settings:
     backoff_base: float = 5.0
     backoff_cap: float = 3600.0
     rate_limit_min_wait: float = 60.0
+    throttle_max_wait: float = 3600.0
+    route_limit_window: float = 60.0
     shutdown_grace: float = 30.0
     listen: bool = True
     max_prompt_chars: int = 100_000
@@ -184,6 +186,8 @@ class Settings:
             backoff_base=_float(env, "SA_BACKOFF_BASE", 5.0),
             backoff_cap=_float(env, "SA_BACKOFF_CAP", 3600.0),
             rate_limit_min_wait=_float(env, "SA_RATE_LIMIT_MIN_WAIT", 60.0, minimum=-1.0),
+            throttle_max_wait=_float(env, "SA_THROTTLE_MAX_WAIT", 3600.0, minimum=-1.0),
+            route_limit_window=_float(env, "SA_ROUTE_LIMIT_WINDOW", 60.0),
             shutdown_grace=_float(env, "SA_SHUTDOWN_GRACE", 30.0, minimum=-1.0),
             listen=env.get("SA_LISTEN", "1") != "0",
             max_prompt_chars=_int(env, "SA_MAX_PROMPT_CHARS", 100_000),
@@ -212,6 +216,11 @@ class Settings:
             body_timeout=_float(env, "SA_BODY_TIMEOUT", 10.0),
             token_cache_ttl=_float(env, "SA_TOKEN_CACHE_TTL", 2.0, minimum=-1.0),
         )
+
+    @property
+    def gate_refresh(self) -> float:
+        """How stale a worker's copy of the route pauses may be: the poll interval, at most 0.5 s."""
+        return min(self.poll_interval, 0.5)
 
     @property
     def routes(self) -> Routes:

@@ -28,7 +28,9 @@ last chunk with ``finish_reason`` and ``usage``, then ``data: [DONE]``), chunked
 ``POST /openai/deployments/NAME/chat/completions?api-version=V`` is Azure's path: without an
 ``api-version`` it answers 404, and errors use Azure's body. With ``api_key`` configured, a call
 without the key answers 401 (``Authorization: Bearer KEY``; Azure paths ``api-key: KEY``).
-``flavour`` picks the error bodies elsewhere: OpenAI's, vLLM's or Ollama's.
+``flavour`` picks the error bodies elsewhere: OpenAI's, vLLM's or Ollama's. With
+``throttle_seconds``, every chat call answers 429 (``Retry-After: throttle_retry_after``) for
+that long after the first one: a provider throttling the whole deployment.
 
 Server-wide knobs live in :class:`FakeConfig`. ``GET /healthz`` answers ``{"ok": true}``.
 """
@@ -80,6 +82,8 @@ class FakeConfig:
     verbose: bool = False
     api_key: str | None = None
     flavour: str = "openai"
+    throttle_seconds: float = 0.0
+    throttle_retry_after: str | None = "1"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency) and self.latency >= 0):
@@ -118,6 +122,8 @@ class _Server(ThreadingHTTPServer):
         self.served = 0
         self.bodies: deque[dict[str, Any]] = deque(maxlen=_RECEIVED_MAX)
         self.flaky_seen: dict[str, int] = {}
+        self.first_call: float | None = None
+        self.arrivals: deque[tuple[float, bool]] = deque(maxlen=_RECEIVED_MAX)
         self.conns: set[socket.socket] = set()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -228,6 +234,16 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with self.server.lock:
             self.server.served += 1
+            now = time.monotonic()
+            if self.server.first_call is None:
+                self.server.first_call = now
+            throttled = now - self.server.first_call < self.server.config.throttle_seconds
+            self.server.arrivals.append((now, throttled))
+        if throttled:
+            retry_after = self.server.config.throttle_retry_after
+            self._send_error(429, "Rate limit reached for requests",
+                             {"Retry-After": retry_after} if retry_after else None)
+            return
         if azure and "api-version" not in urllib.parse.parse_qs(url.query):
             self._send_error(404, "Resource not found")
             return
@@ -454,6 +470,13 @@ class FakeProvider:
             return copy.deepcopy(list(server.bodies))
 
     @property
+    def arrivals(self) -> list[tuple[float, bool]]:
+        """(time.monotonic() at arrival, answered 429 by the throttle) of the last 1000 chat calls."""
+        server = self._require()
+        with server.lock:
+            return list(server.arrivals)
+
+    @property
     def requests_served(self) -> int:
         """Number of requests to the chat endpoint so far, failures included."""
         server = self._require()
@@ -552,6 +575,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="log one line per request")
     parser.add_argument("--api-key", default=None,
                         help="require this key (Bearer; `api-key` on Azure deployment paths)")
+    parser.add_argument("--throttle-seconds", type=_seconds, default=0.0,
+                        help="answer every call 429 for this long after the first one")
     parser.add_argument("--flavour", choices=_FLAVOURS, default="openai",
                         help="whose error bodies to answer with (Azure paths always Azure's)")
 
@@ -571,4 +596,4 @@ def config_from_args(args: argparse.Namespace) -> FakeConfig:
     return FakeConfig(latency=args.latency, fail_rate=args.fail_rate,
                       rate_limit_rate=args.rate_limit_rate, hang_rate=args.hang_rate,
                       seed=args.seed, verbose=args.verbose, api_key=args.api_key,
-                      flavour=args.flavour)
+                      flavour=args.flavour, throttle_seconds=args.throttle_seconds)

@@ -56,6 +56,7 @@ class ClaimedJob:
     created_at: datetime
     scheduled_for: datetime
     claimed_at: datetime
+    throttled_at: datetime | None
     claim: str
     claimed_monotonic: float
     context: list[dict[str, str]]
@@ -148,7 +149,8 @@ def claim(
             priority=r["priority"], attempt=r["attempt"], max_attempts=r["max_attempts"],
             options=r["execution_options"], supersedes=r["supersedes"],
             created_at=r["created_at"], scheduled_for=r["scheduled_for"],
-            claimed_at=r["claimed_at"], claim=worker_claim, claimed_monotonic=now,
+            claimed_at=r["claimed_at"], throttled_at=r["throttled_at"], claim=worker_claim,
+            claimed_monotonic=now,
             context=r["context"],
         )
         for r in rows

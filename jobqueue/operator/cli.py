@@ -34,6 +34,7 @@ from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
@@ -68,7 +69,8 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     completer = Completer(pool)
-    executor = Executor(completer, providers, backoff)
+    gate = RouteGate(pool, refresh=settings.gate_refresh, window=settings.route_limit_window)
+    executor = Executor(completer, providers, backoff, gate, settings.throttle_max_wait)
 
     def close() -> None:
         completer.close()

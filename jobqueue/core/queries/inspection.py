@@ -145,7 +145,7 @@ SELECT GROUPING(org_id) = 1 AS all_orgs, org_id, coalesce(error_kind, 'unknown')
 )
 
 # served by sa_ledger_created_brin and sa_ledger_archive_created_brin (created_at)
-# (0013_ledger_time_index.sql). Archived calls count too: usage is billing, not the hot set.
+# (0013_llm_routes.sql). Archived calls count too: usage is billing, not the hot set.
 LEDGER_USAGE_SINCE = """
 SELECT org_id, model, count(*) AS calls, count(tokens_in) AS counted_calls,
        coalesce(sum(tokens_in), 0) AS tokens_in, coalesce(sum(tokens_out), 0) AS tokens_out

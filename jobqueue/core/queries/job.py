@@ -45,7 +45,8 @@ _CLAIM_SET = """
       FROM picked
      WHERE j.id = picked.id
     RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
-              j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at
+              j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at,
+              j.throttled_at
 )
 SELECT claimed.*, (
     WITH RECURSIVE chain AS (
@@ -155,9 +156,12 @@ WITH running AS (
 # - succeeded: response_id set; the response entity, its flows-to edge and the audit row are
 #   written for these rows only (response_id's foreign key is deferred to commit because the
 #   entity is written alongside);
-# - queued: the next attempt, due `delay` seconds from now (computed by policy), unclaimed;
+# - queued: the next attempt, due `delay` seconds from now (computed by policy), unclaimed; or,
+#   with `spend_attempt` false, the same attempt put back while its route is throttled (its
+#   first such put-back stamped in throttled_at);
 # - failed: finished for good.
-# Every job written gets its ledger row. The statement fails as a whole if any insert does (the
+# Every job written gets its ledger row, unless no provider call was made (latency_ms null: a
+# job put back because its route was already paused). The statement fails as a whole if any insert does (the
 # completer then splits the batch). The answer is (id, attempt, to_state) per job written, with
 # the attempt it was claimed at.
 # PERF: one statement, so one round trip and one commit for a whole mixed batch.
@@ -168,13 +172,16 @@ WITH done AS (
                   %(to_state)s::text[], %(model)s::text[], %(tokens_in)s::int[],
                   %(tokens_out)s::int[], %(latency_ms)s::int[], %(http_status)s::int[],
                   %(response_id)s::uuid[], %(content)s::text[], %(error_kind)s::text[],
-                  %(error_message)s::text[], %(delay)s::float8[])
+                  %(error_message)s::text[], %(delay)s::float8[], %(spend_attempt)s::bool[])
         AS d(job_id, claim, attempt, to_state, model, tokens_in, tokens_out, latency_ms,
-             http_status, response_id, content, error_kind, error_message, delay)
+             http_status, response_id, content, error_kind, error_message, delay, spend_attempt)
 ), job AS (
     UPDATE sa_job j
        SET state = done.to_state,
-           attempt = CASE WHEN done.to_state = 'queued' THEN j.attempt + 1 ELSE j.attempt END,
+           attempt = CASE WHEN done.to_state = 'queued' AND done.spend_attempt THEN j.attempt + 1
+                          ELSE j.attempt END,
+           throttled_at = CASE WHEN done.to_state = 'queued' AND NOT done.spend_attempt
+                               THEN coalesce(j.throttled_at, now()) ELSE j.throttled_at END,
            worker_claim = CASE WHEN done.to_state = 'queued' THEN NULL ELSE j.worker_claim END,
            running_heartbeat_at = CASE WHEN done.to_state = 'queued' THEN NULL
                                        ELSE j.running_heartbeat_at END,
@@ -217,6 +224,7 @@ WITH done AS (
            done.latency_ms, done.http_status,
            CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END
       FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
+     WHERE done.latency_ms IS NOT NULL
 )
 SELECT id, attempt, to_state FROM job
 """
