@@ -172,7 +172,8 @@ class WorkerHarness:
         gate = RouteGate(self.pool, refresh=self.settings.gate_refresh,
                          window=self.settings.route_limit_window)
         executor = Executor(completer, self.providers, backoff, gate,
-                            self.settings.throttle_max_wait)
+                            self.settings.throttle_max_wait, self.pool,
+                            self.settings.stream_interval)
         return Worker(self.pool, executor, replace(base, **config))
 
     def start(self, listen: bool = False, **config: Any) -> Worker:

@@ -220,7 +220,7 @@ class Runner:
         routes = Routes((Route("default", "http://stub.invalid"),), "noop")
         gate = RouteGate(pool, refresh=0.5, window=60.0)
         executor = Executor(completer, RoutedProviders(routes, {"default": self.stub}),
-                            BackoffConfig(), gate, 3600.0)
+                            BackoffConfig(), gate, 3600.0, pool, 0.075)
         worker = Worker(pool, executor, WorkerConfig(concurrency=self.concurrency))
         listener = NotificationListener(self.url, JOB_QUEUED_LISTEN, worker.on_job_queued,
                                         worker.wake).start()

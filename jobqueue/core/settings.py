@@ -131,6 +131,7 @@ class Settings:
     rate_limit_min_wait: float = 60.0
     throttle_max_wait: float = 3600.0
     route_limit_window: float = 60.0
+    stream_interval: float = 0.075
     shutdown_grace: float = 30.0
     listen: bool = True
     max_prompt_chars: int = 100_000
@@ -188,6 +189,7 @@ class Settings:
             rate_limit_min_wait=_float(env, "SA_RATE_LIMIT_MIN_WAIT", 60.0, minimum=-1.0),
             throttle_max_wait=_float(env, "SA_THROTTLE_MAX_WAIT", 3600.0, minimum=-1.0),
             route_limit_window=_float(env, "SA_ROUTE_LIMIT_WINDOW", 60.0),
+            stream_interval=_float(env, "SA_STREAM_INTERVAL", 0.075),
             shutdown_grace=_float(env, "SA_SHUTDOWN_GRACE", 30.0, minimum=-1.0),
             listen=env.get("SA_LISTEN", "1") != "0",
             max_prompt_chars=_int(env, "SA_MAX_PROMPT_CHARS", 100_000),

@@ -23,7 +23,9 @@ latency combines with the rest, otherwise the first failure marker in text order
   valid JSON that Postgres cannot store.
 
 A body with ``"stream": true`` gets the reply as OpenAI's server-sent chunks (one per word, a
-last chunk with ``finish_reason`` and ``usage``, then ``data: [DONE]``), chunked transfer encoding.
+last chunk with ``finish_reason`` and ``usage``, then ``data: [DONE]``), chunked transfer encoding;
+``[fake:stream-gap=S]`` paces the chunks, ``[fake:stream-cut=N]`` drops the first such answer
+after N chunks.
 
 ``POST /openai/deployments/NAME/chat/completions?api-version=V`` is Azure's path: without an
 ``api-version`` it answers 404, and errors use Azure's body. With ``api_key`` configured, a call
@@ -123,6 +125,7 @@ class _Server(ThreadingHTTPServer):
         self.bodies: deque[dict[str, Any]] = deque(maxlen=_RECEIVED_MAX)
         self.flaky_seen: dict[str, int] = {}
         self.first_call: float | None = None
+        self.streams_cut = 0
         self.arrivals: deque[tuple[float, bool]] = deque(maxlen=_RECEIVED_MAX)
         self.conns: set[socket.socket] = set()
 
@@ -286,7 +289,7 @@ class _Handler(BaseHTTPRequestHandler):
             if outcome.kind == "bytes":
                 completion["choices"][0]["message"]["content"] = "x" * int(outcome.amount)
             if stream:
-                self._stream(completion)
+                self._stream(completion, _stream_plan(self.server, messages))
             else:
                 self._send_json(200, completion)
         elif outcome.kind == "drip":
@@ -314,7 +317,8 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 return
 
-    def _stream(self, completion: dict[str, Any]) -> None:
+    def _stream(self, completion: dict[str, Any], plan: tuple[float, int | None]) -> None:
+        gap, cut_after = plan
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -328,8 +332,21 @@ class _Handler(BaseHTTPRequestHandler):
                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                        "usage": completion["usage"]})
         events = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks]
-        for event in [*events, b"data: [DONE]\n\n", b""]:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        for n, event in enumerate([*events, b"data: [DONE]\n\n", b""]):
+            if n == cut_after:
+                # NOTE: the connection drops mid-answer, as a provider restart would do it.
+                self.close_connection = True
+                return
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            except OSError:
+                with self.server.lock:
+                    self.server.streams_cut += 1
+                self.close_connection = True
+                return
+            if gap and event and self.server.stop_event.wait(gap):
+                return
 
     def _hang(self) -> None:
         # NOTE: poll rather than sleep once, so stop() is prompt and a client that gave up
@@ -384,6 +401,23 @@ def _error_body(flavour: str, status: int, message: str) -> dict[str, Any]:
         return {"error": message}
     kind = _ERROR_TYPES.get(status, "server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
+
+
+def _stream_plan(server: _Server, messages: list[dict[str, str]]) -> tuple[float, int | None]:
+    """A streamed answer's pace and cut from the last user message's markers:
+    ``[fake:stream-gap=S]`` waits S seconds after each chunk; ``[fake:stream-cut=N]`` drops the
+    connection after N chunks, the first time this exact text asks (later asks stream whole)."""
+    text = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    gap, cut = 0.0, None
+    for token in _MARKER_RE.findall(text):
+        if token.startswith("stream-gap="):
+            gap = _nonneg_float(token[11:]) or 0.0
+        elif token.startswith("stream-cut=") and token[11:].isdigit():
+            with server.lock:
+                seen = server.flaky_seen.get("cut:" + text, 0)
+                server.flaky_seen["cut:" + text] = seen + 1
+            cut = int(token[11:]) if seen == 0 else None
+    return gap, cut
 
 
 def _nonneg_float(text: str) -> float | None:
@@ -468,6 +502,13 @@ class FakeProvider:
         server = self._require()
         with server.lock:
             return copy.deepcopy(list(server.bodies))
+
+    @property
+    def streams_cut(self) -> int:
+        """Streamed answers the client stopped reading before their end (its socket closed)."""
+        server = self._require()
+        with server.lock:
+            return server.streams_cut
 
     @property
     def arrivals(self) -> list[tuple[float, bool]]:

@@ -70,7 +70,8 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     completer = Completer(pool)
     gate = RouteGate(pool, refresh=settings.gate_refresh, window=settings.route_limit_window)
-    executor = Executor(completer, providers, backoff, gate, settings.throttle_max_wait)
+    executor = Executor(completer, providers, backoff, gate, settings.throttle_max_wait, pool,
+                        settings.stream_interval)
 
     def close() -> None:
         completer.close()

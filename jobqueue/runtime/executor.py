@@ -10,8 +10,10 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 import structlog
+from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
+from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import BackoffConfig, ErrorKind, RetryAction, decide
 from jobqueue.core.routes import Route
 from jobqueue.engine import finalize
@@ -19,6 +21,7 @@ from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import ProviderFailure, RoutedProviders
+from jobqueue.runtime.streaming import CallAbandoned, PartialWriter
 
 __all__ = ["Executor", "Outcome", "RunControl"]
 
@@ -76,6 +79,8 @@ class Executor:
     backoff: BackoffConfig
     gate: RouteGate
     throttle_max_wait: float
+    pool: ConnectionPool[DictConnection]
+    stream_interval: float
     rng: random.Random = field(default_factory=random.Random)
 
     @staticmethod
@@ -120,9 +125,17 @@ class Executor:
             return self._throttle(job, route, ProviderFailure(
                 ErrorKind.RATE_LIMIT, f"route {route.name!r} is throttled (no call made)",
                 retry_after=waiting), model, bound, called=False)
+        # NOTE: a streamed attempt's text shows while it arrives (GET /jobs, job.output_delta).
+        on_delta = PartialWriter(self.pool, job, self.stream_interval).feed if route.stream else None
         try:
-            completion = provider.complete(model, messages, params={
+            completion = provider.complete(model, messages, on_delta=on_delta, params={
                 name: job.options[name] for name in SENT_OPTIONS if name in job.options})
+        except CallAbandoned:
+            # NOTE: cancelled or taken away mid-stream: the provider call was cut at once.
+            if control is not None:
+                control.abandon()
+            bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
+            return Outcome.ABANDONED
         except ProviderFailure as failure:
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
             bound.warning("provider.request", outcome=failure.kind.value, model=model,

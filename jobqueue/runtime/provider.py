@@ -185,7 +185,9 @@ class Provider:
               started: float) -> Completion:
         request: dict[str, Any] = {**params, "model": model, "messages": messages}
         if on_delta is not None:
+            # NOTE: OpenAI reports a stream's token counts only when asked (a last chunk).
             request["stream"] = True
+            request["stream_options"] = {"include_usage": True}
         body = json.dumps(request).encode()
         deadline = started + self._timeout
         try:
@@ -248,10 +250,16 @@ class Provider:
 
     def _read_stream(self, response: http.client.HTTPResponse, model: str,
                      on_delta: Callable[[str], None], started: float) -> Completion:
-        """Reads OpenAI's server-sent chunks line by line up to `data: [DONE]` (or the end)."""
+        """Reads OpenAI's server-sent chunks line by line up to `data: [DONE]`.
+
+        A stream that ends before `[DONE]` and before any chunk gave a `finish_reason` was cut
+        (a provider restart, a proxy timeout): its text is partial, so the call fails (retried),
+        never succeeds with half an answer.
+        """
         parts: list[str] = []
         last: dict[str, Any] = {}
         usage: dict[str, Any] = {}
+        finished = False
         seen = 0
         while line := response.readline(self._max_bytes + 1 - seen):
             seen += len(line)
@@ -261,6 +269,7 @@ class Provider:
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
+                finished = True
                 break
             try:
                 chunk: Any = json.loads(data)
@@ -271,9 +280,14 @@ class Provider:
             except (ValueError, LookupError, TypeError, AttributeError) as exc:
                 raise _unreadable(exc, data, response.status, _elapsed_ms(started)) from exc
             last, usage = chunk, chunk.get("usage") or usage
+            finished = finished or bool((chunk.get("choices") or [{}])[0].get("finish_reason"))
             if delta:
                 parts.append(delta)
                 on_delta(delta)
+        if not finished:
+            raise ProviderFailure(ErrorKind.UNKNOWN,
+                                  "provider stream ended before its last chunk (cut short)",
+                                  http_status=response.status, latency_ms=_elapsed_ms(started))
         return _completion(last, "".join(parts), usage, model, response.status,
                            _elapsed_ms(started))
 

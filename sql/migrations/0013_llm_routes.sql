@@ -29,3 +29,20 @@ CREATE TABLE sa_route_window (
 -- When a job was first put back because its route was throttled: past SA_THROTTLE_MAX_WAIT from
 -- then, a 429 spends an attempt as any other failure, so no job waits for ever.
 ALTER TABLE sa_job ADD COLUMN throttled_at timestamptz;
+
+-- The text a streamed attempt has produced so far, one row per running job, rewritten by its
+-- worker every SA_STREAM_INTERVAL (not once per delta): GET /jobs shows it, the SSE hub turns
+-- its growth into `job.output_delta` events. UNLOGGED: partial text is worth nothing after a
+-- crash (the attempt is retried from the start), so it costs no WAL. The finalize of the job
+-- deletes its row. `seq` orders the rewrites for the hub's reader.
+CREATE SEQUENCE sa_job_partial_seq;
+CREATE UNLOGGED TABLE sa_job_partial (
+    job_id     uuid PRIMARY KEY,
+    prompt_id  uuid NOT NULL,
+    org_id     bigint NOT NULL,
+    created_by bigint NOT NULL,
+    attempt    integer NOT NULL,
+    text       text NOT NULL,
+    seq        bigint NOT NULL DEFAULT nextval('sa_job_partial_seq')
+);
+CREATE INDEX sa_job_partial_seq_idx ON sa_job_partial (seq);

@@ -160,9 +160,11 @@ WITH running AS (
 #   with `spend_attempt` false, the same attempt put back while its route is throttled (its
 #   first such put-back stamped in throttled_at);
 # - failed: finished for good.
-# Every job written gets its ledger row, unless no provider call was made (latency_ms null: a
-# job put back because its route was already paused). The statement fails as a whole if any insert does (the
-# completer then splits the batch). The answer is (id, attempt, to_state) per job written, with
+# A streamed attempt's partial text (sa_job_partial) goes with its finalize, whatever the
+# outcome: only a succeeded attempt's text becomes a response. Every job written gets its ledger
+# row, unless no provider call was made (latency_ms null: a job put back because its route was
+# already paused). The statement fails as a whole if any insert does (the completer then splits
+# the batch). The answer is (id, attempt, to_state) per job written, with
 # the attempt it was claimed at.
 # PERF: one statement, so one round trip and one commit for a whole mixed batch.
 JOB_SET_STATE_IF_RUNNING_MANY = """
@@ -225,6 +227,8 @@ WITH done AS (
            CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END
       FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
      WHERE done.latency_ms IS NOT NULL
+), partial AS (
+    DELETE FROM sa_job_partial p USING job WHERE p.job_id = job.id
 )
 SELECT id, attempt, to_state FROM job
 """
@@ -264,20 +268,24 @@ UPDATE sa_job
 RETURNING id, prompt_id, org_id, attempt
 """
 
-# NOTE: the tokens of each attempt that called the provider, oldest first; a GET shows them
-# with the job. Served by sa_ledger_job_idx (job_id), one probe per job.
-_USAGE_COLUMN = """
+# NOTE: the tokens of each attempt that called the provider, oldest first, and a running streamed
+# attempt's text so far; a GET shows them with the job. Served by sa_ledger_job_idx (job_id) and
+# sa_job_partial_pkey (job_id), one probe each per job.
+_READ_COLUMNS = """
 , coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', l.attempt, 'tokens_in', l.tokens_in,
                                                 'tokens_out', l.tokens_out) ORDER BY l.id)
               FROM sa_ledger l
-             WHERE l.job_id = sa_job.id), '[]'::jsonb) AS usage
+             WHERE l.job_id = sa_job.id), '[]'::jsonb) AS usage,
+(SELECT p.text FROM sa_job_partial p
+  WHERE p.job_id = sa_job.id AND p.attempt = sa_job.attempt AND sa_job.state = 'running')
+    AS partial_text
 """
 
 # served by sa_job_pkey (id)
 JOB_GET = (
     "SELECT "
     + JOB_COLUMNS
-    + _USAGE_COLUMN
+    + _READ_COLUMNS
     + """
   FROM sa_job
  WHERE id = %(job_id)s AND org_id = %(org_id)s
@@ -288,7 +296,7 @@ JOB_GET = (
 JOB_LIST_FOR_PROMPT = (
     "SELECT "
     + JOB_COLUMNS
-    + _USAGE_COLUMN
+    + _READ_COLUMNS
     + """
   FROM sa_job
  WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s
