@@ -92,7 +92,6 @@ TEXT_PATTERN = f"^[{BLANK_CHARACTERS}]*[^\\u0000{BLANK_CHARACTERS}][^\\u0000]*$"
 """A text field: not blank, no NUL character. Linear to match, even on a long blank string."""
 
 _YEAR = "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
-# NOTE: a century is a leap year when divisible by 400; year 0000 is none (no year 0).
 _LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 _MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
               "|02-(0[1-9]|1[0-9]|2[0-8]))")
