@@ -168,7 +168,9 @@ class WorkerHarness:
         self.settings = settings
         self.pool = pool
         self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
-                                               settings.provider_max_response_bytes)
+                                               settings.provider_max_response_bytes,
+                                               settings.provider_connect_timeout,
+                                               settings.provider_read_timeout)
         self._running: list[tuple[Worker, threading.Thread]] = []
         self._listeners: list[NotificationListener] = []
         self._completers: list[Completer] = []

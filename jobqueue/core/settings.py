@@ -119,6 +119,8 @@ class Settings:
     provider_api_key: str
     provider_model: str
     provider_timeout: float = 180.0
+    provider_connect_timeout: float = 10.0
+    provider_read_timeout: float = 0.0
     provider_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     provider_routes: tuple[Route, ...] = ()
     heartbeat_interval: float = 30.0
@@ -176,6 +178,8 @@ class Settings:
             provider_api_key=env.get("SA_PROVIDER_API_KEY", ""),
             provider_model=env.get("SA_PROVIDER_MODEL", "gpt-4o-mini"),
             provider_timeout=_float(env, "SA_PROVIDER_TIMEOUT", 180.0),
+            provider_connect_timeout=_float(env, "SA_PROVIDER_CONNECT_TIMEOUT", 10.0),
+            provider_read_timeout=_seconds_or_off(env, "SA_PROVIDER_READ_TIMEOUT", 0.0),
             provider_max_response_bytes=_int(env, "SA_PROVIDER_MAX_RESPONSE_BYTES",
                                              DEFAULT_MAX_RESPONSE_BYTES),
             provider_routes=routes,

@@ -59,7 +59,9 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
                          "(try `sa-core fake-provider`)")
     try:
         providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
-                                          settings.provider_max_response_bytes)
+                                          settings.provider_max_response_bytes,
+                                          settings.provider_connect_timeout,
+                                          settings.provider_read_timeout)
     except ValueError as exc:
         # NOTE: one line, no traceback: the message hides passwords, a traceback would not.
         raise UsageError(str(exc)) from None

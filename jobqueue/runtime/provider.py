@@ -26,13 +26,14 @@ from jobqueue.core.redact import redact
 from jobqueue.core.routes import Route, Routes
 from jobqueue.core.settings import DEFAULT_MAX_RESPONSE_BYTES
 
-__all__ = ["Completion", "Provider", "ProviderFailure", "RoutedProviders"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "Completion", "Provider", "ProviderFailure",
+           "RoutedProviders"]
 
 # NOTE: keep stored error messages short; provider bodies can be large.
 _MESSAGE_LIMIT = 500
 
-# NOTE: connecting takes at most this long (or the call's deadline, if sooner).
-_CONNECT_TIMEOUT = 10.0
+# NOTE: connecting takes at most this long by default (or the call's deadline, if sooner).
+DEFAULT_CONNECT_TIMEOUT = 10.0
 _READ_BUFFER = 65536
 
 
@@ -90,6 +91,8 @@ class Provider:
         *,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         headers: Mapping[str, str] | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = 0.0,
     ) -> None:
         """Checks the URL and the environment's proxy once.
 
@@ -99,6 +102,9 @@ class Provider:
             timeout: the wall-clock deadline of one call, in seconds.
             max_response_bytes: a larger answer fails the call (`parse`, not retried).
             headers: more request headers (e.g. Azure's `api-key`); they win over the defaults.
+            connect_timeout: longest wait for the TCP (and TLS, and proxy) connection.
+            read_timeout: longest wait for the next bytes once the request is sent (0: only the
+                deadline); a streamed answer that keeps coming is never cut by it.
 
         Raises:
             ValueError: the URL or the proxy is unusable (the message names no password).
@@ -122,7 +128,8 @@ class Provider:
             # NOTE: a plain-http request through a proxy names its whole URL (absolute form).
             self._path = f"http://{self._host}:{self._port}{self._path}"
         self._timeout = timeout
-        self._connect_timeout = min(_CONNECT_TIMEOUT, timeout)
+        self._connect_timeout = min(connect_timeout, timeout)
+        self._read_timeout = read_timeout
         self._max_bytes = max_response_bytes
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          "User-Agent": "sa-core"}
@@ -203,12 +210,11 @@ class Provider:
                     self._drop()
         except TimeoutError as exc:
             self._drop()
-            raise ProviderFailure(
-                ErrorKind.TIMEOUT,
-                f"provider call exceeded SA_PROVIDER_TIMEOUT={self._timeout:g}s "
-                f"({type(exc).__name__})",
-                latency_ms=_elapsed_ms(started),
-            ) from exc
+            why = (f"no byte from the provider for SA_PROVIDER_READ_TIMEOUT={self._read_timeout:g}s"
+                   if self._read_timeout and time.monotonic() < deadline else
+                   f"provider call exceeded SA_PROVIDER_TIMEOUT={self._timeout:g}s")
+            raise ProviderFailure(ErrorKind.TIMEOUT, f"{why} ({type(exc).__name__})",
+                                  latency_ms=_elapsed_ms(started)) from exc
         except _TooLarge as exc:
             raise ProviderFailure(
                 ErrorKind.PARSE,
@@ -296,6 +302,7 @@ class Provider:
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is not None and conn.sock is not None and not _idle_socket_readable(conn.sock):
             conn.deadline = deadline
+            conn.read_timeout = self._read_timeout
             return conn
         if conn is not None:
             self._drop()
@@ -311,6 +318,7 @@ class Provider:
             conn = _HTTPConnection(host, port, timeout=timeout)
         # NOTE: the deadline bounds the proxy's CONNECT answer too.
         conn.deadline = deadline
+        conn.read_timeout = self._read_timeout
         with self._lock:
             self._open.add(conn)
         self._local.conn = conn
@@ -336,7 +344,9 @@ class RoutedProviders:
     providers: dict[str, Provider]
 
     @classmethod
-    def build(cls, routes: Routes, timeout: float, max_response_bytes: int) -> RoutedProviders:
+    def build(cls, routes: Routes, timeout: float, max_response_bytes: int,
+              connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+              read_timeout: float = 0.0) -> RoutedProviders:
         """Makes a client per route (its URL with its query, its auth header).
 
         Raises:
@@ -344,7 +354,9 @@ class RoutedProviders:
         """
         return cls(routes, {route.name: Provider(route.url, "", timeout,
                                                  max_response_bytes=max_response_bytes,
-                                                 headers=route.headers)
+                                                 headers=route.headers,
+                                                 connect_timeout=connect_timeout,
+                                                 read_timeout=read_timeout)
                             for route in routes.routes})
 
     def for_model(self, model: str) -> tuple[Route, Provider] | None:
@@ -380,7 +392,9 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        self._sock.settimeout(_remaining(self._conn.deadline))
+        left = _remaining(self._conn.deadline)
+        idle = self._conn.read_timeout
+        self._sock.settimeout(min(left, idle) if idle else left)
         return self._sock.recv_into(buffer)
 
 
@@ -403,6 +417,7 @@ def _response_class(conn: _Connection) -> Callable[..., http.client.HTTPResponse
 
 class _HTTPConnection(http.client.HTTPConnection):
     deadline: float = math.inf
+    read_timeout: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -411,6 +426,7 @@ class _HTTPConnection(http.client.HTTPConnection):
 
 class _HTTPSConnection(http.client.HTTPSConnection):
     deadline: float = math.inf
+    read_timeout: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
