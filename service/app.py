@@ -119,7 +119,7 @@ def create_app(
     settings = settings or Settings.from_env()
     if pool is None:
         pool = open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
-                         checkout_timeout=5.0)
+                         checkout_timeout=5.0, prepare=settings.prepared_statements)
         # NOTE: closed at exit, not left to the garbage collector: under gevent a pool finalized
         # during interpreter shutdown fails to join its worker threads and prints a traceback.
         atexit.register(pool.close)

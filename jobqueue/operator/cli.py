@@ -67,7 +67,8 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
         raise UsageError(str(exc)) from None
     # NOTE: job slots never hold a connection: the claim loop, the heartbeat and the completer
     # each borrow one for a statement, whatever the concurrency.
-    pool = open_pool(settings.worker_database_url, name="worker", max_size=4)
+    pool = open_pool(settings.worker_database_url, name="worker", max_size=4,
+                     prepare=settings.prepared_statements)
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     completer = Completer(pool)

@@ -19,7 +19,9 @@ def with_cli_pool(action: Callable[[ConnectionPool[DictConnection]], str]) -> in
     """Prints what `action` returns and exits 0; a domain error or an unreachable database exits 1
     with a one-line message, never a traceback."""
     try:
-        pool = open_pool(Settings.from_env().database_url, name="cli", max_size=1)
+        settings = Settings.from_env()
+        pool = open_pool(settings.database_url, name="cli", max_size=1,
+                         prepare=settings.prepared_statements)
     except (PoolTimeout, psycopg.OperationalError) as exc:
         return _fail(f"database unreachable: {type(exc).__name__}: {exc}")
     try:
