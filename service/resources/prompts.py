@@ -11,7 +11,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.engine.enqueue import enqueue
 from service.lookup import get_prompt
-from service.validation import parse_idempotency_key, parse_prompt
+from service.validation import check_routable, parse_idempotency_key, parse_prompt
 
 __all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptCollection", "PromptItem"]
 
@@ -26,6 +26,7 @@ class PromptCollection:
         self._pool = pool
         self._max_chars = settings.max_prompt_chars
         self._max_queued = settings.org_max_queued
+        self._routes = settings.routes
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes the prompt and its queued job; answers 202 with both ids.
@@ -35,6 +36,7 @@ class PromptCollection:
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         request = parse_prompt(req.get_media(), self._max_chars)
+        check_routable(request.options, self._routes)
         done = enqueue(
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
