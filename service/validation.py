@@ -13,7 +13,7 @@ import functools
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import falcon
@@ -27,12 +27,14 @@ __all__ = [
     "CURSOR_PATTERN",
     "EVENT_ID_PATTERN",
     "IDEMPOTENCY_KEY",
+    "INSTANT_PATTERN",
     "LAST_EVENT_ID",
     "LAST_EVENT_ID_HEADER",
     "MAX_ATTEMPTS_LIMIT",
     "MAX_DEPTH",
     "MAX_EVENT_ID",
     "MAX_MODEL_CHARS",
+    "MAX_SCHEDULE_SECONDS",
     "NO_BODY",
     "OPTIONS",
     "OPTION_KEYS",
@@ -46,6 +48,7 @@ __all__ = [
     "TEXT_PATTERN",
     "UUID_PATTERN",
     "Fields",
+    "Instant",
     "Integer",
     "Param",
     "PromptRequest",
@@ -72,6 +75,9 @@ MAX_MODEL_CHARS = 200
 RECENT_LIMIT_DEFAULT = 100
 RECENT_LIMIT_MAX = 500
 
+MAX_SCHEDULE_SECONDS = 366 * 86400
+"""The furthest ahead a prompt may be scheduled (`run_at`, `delay_seconds`): a year and a day."""
+
 MAX_EVENT_ID = 2**63 - 1
 """The largest event id (sa_job_event.id is a bigint)."""
 
@@ -87,7 +93,8 @@ TEXT_PATTERN = f"^[{BLANK_CHARACTERS}]*[^\\u0000{BLANK_CHARACTERS}][^\\u0000]*$"
 """A text field: not blank, no NUL character. Linear to match, even on a long blank string."""
 
 _YEAR = "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
-_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)"
+# NOTE: a century is a leap year when divisible by 400; year 0000 does not exist (Python refuses it).
+_LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 _MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
               "|02-(0[1-9]|1[0-9]|2[0-8]))")
 SINCE_PATTERN = (
@@ -99,6 +106,13 @@ SINCE_PATTERN = (
 NOTE: the calendar (month lengths, leap years, no year 0) is in the pattern itself, so every
 string the document allows names an instant and is answered 200, never 400.
 """
+
+INSTANT_PATTERN = (
+    f"^({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+    r"[T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?(Z|[+-][01][0-9]:[0-5][0-9])?$"
+)
+"""An instant in a body (`run_at`): an ISO 8601 date-time, as SINCE_PATTERN but with the time
+required (a bare date is ambiguous for a schedule); no offset means UTC."""
 
 EVENT_ID_PATTERN = "^[0-9]{1,19}$"
 """What Last-Event-ID may look like: a decimal event id (at most MAX_EVENT_ID)."""
@@ -113,6 +127,7 @@ _UUID_RE = re.compile(UUID_PATTERN)
 _EVENT_ID_RE = re.compile(EVENT_ID_PATTERN)
 _CURSOR_RE = re.compile(CURSOR_PATTERN)
 _SINCE_RE = re.compile(SINCE_PATTERN)
+_INSTANT_RE = re.compile(INSTANT_PATTERN)
 # NOTE: visible ASCII only, so a key is the same bytes in every client, log-safe and header-safe.
 # Every pattern is used with fullmatch: a bare `$` would also match before a trailing newline.
 _KEY_PATTERN = "^[!-~]+$"
@@ -210,6 +225,36 @@ class Uuid:
 
 
 @dataclass(frozen=True)
+class Instant:
+    """An ISO 8601 date-time from now to `horizon` seconds ahead (no offset means UTC).
+
+    NOTE: "not in the past" depends on the clock, so the schema states only the shape and the
+    description the window; a time already past answers 422.
+    """
+
+    horizon: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "string", "format": "date-time", "pattern": INSTANT_PATTERN},
+                          self.description)
+
+    def check(self, value: object, name: str) -> datetime:
+        """Returns the instant (aware); raises a 422 naming `name` when malformed, past or too far."""
+        if not isinstance(value, str) or not _INSTANT_RE.fullmatch(value):
+            raise _invalid(name, "must be an ISO 8601 date-time (e.g. 2026-12-01T02:00:00Z)")
+        instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        instant = instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+        now = datetime.now(UTC)
+        if instant < now:
+            raise _invalid(name, "is in the past")
+        if instant > now + timedelta(seconds=self.horizon):
+            raise _invalid(name, f"must be at most {self.horizon} seconds from now")
+        return instant
+
+
+@dataclass(frozen=True)
 class Fields:
     """A JSON object with only these fields; absent ones are left out of the checked result.
 
@@ -221,6 +266,8 @@ class Fields:
     description: str = ""
     unknown: str = "unknown field"
     component: str | None = None
+    exclusive: tuple[tuple[str, str], ...] = ()
+    """Pairs of fields that may not both be given."""
 
     def schema(self) -> Schema:
         """Returns the JSON Schema of the object (its own, even when it is a component)."""
@@ -228,6 +275,8 @@ class Fields:
                           "properties": {name: _use(spec) for name, spec in self.fields.items()}}
         if self.required:
             schema["required"] = list(self.required)
+        if self.exclusive:
+            schema["allOf"] = [{"not": {"required": list(pair)}} for pair in self.exclusive]
         return _described(schema, self.description)
 
     def check(self, value: object, name: str) -> dict[str, Any]:
@@ -252,11 +301,14 @@ class Fields:
         for required in self.required:
             if required not in value:
                 raise _invalid(prefix + required, "is required")
+        for first, second in self.exclusive:
+            if first in value and second in value:
+                raise _invalid(prefix + second, f"cannot be given with {first}")
         return {field_name: spec.check(value[field_name], prefix + field_name)
                 for field_name, spec in self.fields.items() if field_name in value}
 
 
-Spec = Integer | Text | Uuid | Fields
+Spec = Integer | Text | Uuid | Instant | Fields
 
 
 def _use(spec: Spec) -> Schema:
@@ -284,6 +336,8 @@ class PromptRequest:
     priority: int
     max_attempts: int
     options: dict[str, Any]
+    run_at: datetime | None = None
+    delay_seconds: int | None = None
 
 
 DEFAULT_PRIORITY = 50
@@ -309,7 +363,13 @@ def prompt_body(max_chars: int) -> Fields:
         "priority": PRIORITY,
         "max_attempts": MAX_ATTEMPTS,
         "options": OPTIONS,
-    }, required=("text",), component="PromptRequest")
+        "run_at": Instant(MAX_SCHEDULE_SECONDS, "Run no earlier than this ISO 8601 date-time (no "
+                                                "offset means UTC; not past, at most a year and a "
+                                                "day ahead). The job waits queued, cancellable."),
+        "delay_seconds": Integer(0, MAX_SCHEDULE_SECONDS, None,
+                                 "Run no earlier than this many seconds from now (not with "
+                                 "run_at)."),
+    }, required=("text",), component="PromptRequest", exclusive=(("run_at", "delay_seconds"),))
 
 
 def parse_prompt(body: object, max_chars: int) -> PromptRequest:
@@ -322,7 +382,8 @@ def parse_prompt(body: object, max_chars: int) -> PromptRequest:
     return PromptRequest(text=checked["text"], parent_id=checked.get("parent_id"),
                          priority=checked.get("priority", DEFAULT_PRIORITY),
                          max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
-                         options=checked.get("options", {}))
+                         options=checked.get("options", {}), run_at=checked.get("run_at"),
+                         delay_seconds=checked.get("delay_seconds"))
 
 
 NO_BODY = Fields({}, description="No body is needed; an empty JSON object is accepted, anything "

@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import falcon
@@ -28,13 +29,14 @@ from service.app import create_app
 from service.auth import API_PREFIX
 from service.event_hub import EventHub
 from service.openapi import OPENAPI_PATH, build_openapi
-from service.validation import IDEMPOTENCY_KEY, UUID_PATTERN
+from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, UUID_PATTERN
 
 # NOTE: the document depends on settings only through limits; the test app uses the defaults.
 DOCUMENT = build_openapi(Settings(database_url="", direct_database_url="", provider_url="",
                                   provider_api_key="", provider_model=""))
 EVENTS_PATH = f"{API_PREFIX}/mission/events"
 UUID_RE = re.compile(UUID_PATTERN)
+INSTANT_RE = re.compile(INSTANT_PATTERN)
 KEY_RE = re.compile(IDEMPOTENCY_KEY.schema["pattern"])
 MAX_KEY_LENGTH = IDEMPOTENCY_KEY.schema["maxLength"]
 
@@ -113,14 +115,18 @@ class BearerToken:
 def _known_state(case: Any) -> None:
     """Makes real what only the database can vouch for, on POST /prompt: a well-formed `parent_id`
     names the test's own prompt (a made-up one is a 422 by design), and a well-formed
-    Idempotency-Key is a fresh one (reused with another body it is a 422 by design). Both 422s
-    are tested in tests/test_validation.py and tests/test_idempotency.py."""
+    Idempotency-Key is a fresh one (reused with another body it is a 422 by design), and a
+    well-formed `run_at` an hour ahead (a past one is a 422 by design). These 422s are tested in
+    tests/test_validation.py, tests/test_idempotency.py and tests/test_scheduled.py."""
     if case.operation.label != SUBMIT:
         return
     body = case.body
     if isinstance(body, dict) and isinstance(body.get("parent_id"), str) and UUID_RE.fullmatch(
             body["parent_id"]):
         case.body = {**body, "parent_id": APP.prompt_id}
+    if isinstance(body, dict) and isinstance(body.get("run_at"), str) and INSTANT_RE.fullmatch(
+            body["run_at"]):
+        case.body = {**case.body, "run_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
     key = (case.headers or {}).get(IDEMPOTENCY_KEY.name)
     if isinstance(key, str) and KEY_RE.fullmatch(key) and len(key) <= MAX_KEY_LENGTH:
         case.headers = {**case.headers, IDEMPOTENCY_KEY.name: str(uuid.uuid4())}

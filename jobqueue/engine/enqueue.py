@@ -59,6 +59,8 @@ def enqueue(
     options: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
     max_queued: int = 0,
+    run_at: datetime | None = None,
+    delay_seconds: int | None = None,
 ) -> Enqueued:
     """Writes the prompt and a queued job in one statement (atomic), unless a guard says no.
 
@@ -74,6 +76,8 @@ def enqueue(
             same request with the same key within `KEY_TTL_SECONDS` returns the first answer,
             with `replayed` set, and writes nothing.
         max_queued: the most jobs the caller's org may have queued at once; 0 for no cap.
+        run_at: when the job becomes claimable (validated by the caller: not past, not absurd).
+        delay_seconds: or: how long from the database's now until it does.
 
     Returns:
         The new ids and state (or the original ones, for a replay).
@@ -96,9 +100,15 @@ def enqueue(
         "idempotency_key": idempotency_key,
         "request_hash": None,
         "key_ttl": KEY_TTL_SECONDS,
+        "run_at": run_at,
+        "delay_seconds": delay_seconds,
     }
     if idempotency_key is not None:
-        params["request_hash"] = request_fingerprint(text, parent_id, priority, max_attempts, opts)
+        schedule = {name: value for name, value in (
+            ("run_at", run_at.isoformat() if run_at is not None else None),
+            ("delay_seconds", delay_seconds)) if value is not None}
+        params["request_hash"] = request_fingerprint(text, parent_id, priority, max_attempts, opts,
+                                                     schedule)
     for _ in range(_KEY_ATTEMPTS):
         params["prompt_id"], params["job_id"] = uuid.uuid4(), uuid.uuid4()
         with pool.connection() as conn:
@@ -113,10 +123,14 @@ def enqueue(
                              prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
                     return replayed
         if row["id"] is not None:
-            wakeup.for_pool(pool).job_queued()
+            scheduled = run_at is not None or bool(delay_seconds)
+            wakeup.for_pool(pool).job_queued(
+                row["scheduled_for"].timestamp() if scheduled else None)
             transitions.record("job.enqueued", None, JobState.QUEUED, job_id=str(row["id"]),
                                prompt_id=str(row["prompt_id"]), org_id=caller.org_id,
-                               user_id=caller.user_id, priority=priority)
+                               user_id=caller.user_id, priority=priority,
+                               **({"scheduled_for": row["scheduled_for"].isoformat()}
+                                  if scheduled else {}))
             return Enqueued(prompt_id=row["prompt_id"], job_id=row["id"], state=row["state"],
                             created_at=row["created_at"])
         if not row["parent_ok"]:

@@ -39,6 +39,7 @@ class PromptCollection:
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
+            run_at=request.run_at, delay_seconds=request.delay_seconds,
         )
         resp.status = falcon.HTTP_202
         if done.replayed:

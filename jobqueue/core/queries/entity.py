@@ -15,6 +15,8 @@ __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB"]
 #   is: a new key, or one older than `key_ttl` seconds (expired: taken over). A live key, even one
 #   a concurrent transaction is still writing (ON CONFLICT waits for it), writes nothing; the
 #   caller then reads the key row (IDEMPOTENCY_KEY_GET_LIVE) and replays or refuses.
+# - A scheduled prompt (`run_at`, or `delay_seconds` from the database's now) waits queued with
+#   that scheduled_for; the claim skips it until then (sa_job_claim_idx orders by it).
 # The answer is always one row: the gate's verdicts and the job's columns (NULL when nothing was
 # written), so the caller tells "unknown parent", "queue full" and "key taken" apart.
 PROMPT_INSERT_WITH_JOB = """
@@ -54,13 +56,16 @@ WITH parent AS (
     RETURNING id, org_id, created_by
 ), job AS (
     INSERT INTO sa_job (id, prompt_id, priority, max_attempts, execution_options, org_id,
-                        created_by, supersedes)
+                        created_by, supersedes, scheduled_for)
     SELECT %(job_id)s, prompt.id, %(priority)s, %(max_attempts)s, %(options)s, prompt.org_id,
-           prompt.created_by, NULL
+           prompt.created_by, NULL,
+           coalesce(%(run_at)s::timestamptz,
+                    now() + make_interval(secs => coalesce(%(delay_seconds)s::int, 0)))
       FROM prompt
-    RETURNING id, prompt_id, state, created_at
+    RETURNING id, prompt_id, state, created_at, scheduled_for
 )
-SELECT gate.parent_ok, gate.under_cap, job.id, job.prompt_id, job.state, job.created_at
+SELECT gate.parent_ok, gate.under_cap, job.id, job.prompt_id, job.state, job.created_at,
+       job.scheduled_for
   FROM gate
   LEFT JOIN job ON true
 """
