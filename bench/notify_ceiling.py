@@ -83,7 +83,8 @@ def _enqueue_params() -> dict[str, Any]:
     return {"parent_id": None, "org_id": 1, "user_id": 1, "token_hash": None, "text": "bench",
             "priority": 50, "max_attempts": 3, "options": Jsonb({}), "max_queued": 0,
             "idempotency_key": None, "request_hash": None, "key_ttl": 86400,
-            "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4()}
+            "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4(), "run_at": None,
+            "delay_seconds": None}
 
 
 def _finalize_params(job_id: uuid.UUID) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
 from service.resources.metrics import Metrics
 from service.resources.mission import MissionRecent
-from service.resources.prompts import PromptCollection, PromptItem
+from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
 from service.serialize import json_handler, serialize_error
 
 __all__ = ["create_app"]
@@ -144,6 +144,7 @@ def create_app(
     app.add_route("/metrics", Metrics(pool))
     app.add_route(OPENAPI_PATH, OpenApiDocument(document))
     app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings))
+    app.add_route(f"{API_PREFIX}/prompts/batch", PromptBatch(pool, settings))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))

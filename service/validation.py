@@ -22,6 +22,7 @@ from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
 __all__ = [
+    "BATCH_DEFAULT_PRIORITY",
     "BLANK_CHARACTERS",
     "CURSOR",
     "CURSOR_PATTERN",
@@ -31,6 +32,7 @@ __all__ = [
     "LAST_EVENT_ID",
     "LAST_EVENT_ID_HEADER",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_BATCH",
     "MAX_DEPTH",
     "MAX_EVENT_ID",
     "MAX_MODEL_CHARS",
@@ -50,12 +52,14 @@ __all__ = [
     "Fields",
     "Instant",
     "Integer",
+    "Items",
     "Param",
     "PromptRequest",
     "Spec",
     "Text",
     "Uuid",
     "encode_cursor",
+    "parse_batch",
     "parse_cursor",
     "parse_event_id",
     "parse_idempotency_key",
@@ -65,6 +69,7 @@ __all__ = [
     "parse_org_wide",
     "parse_prompt",
     "parse_since",
+    "prompt_batch_body",
     "prompt_body",
 ]
 
@@ -308,7 +313,42 @@ class Fields:
                 for field_name, spec in self.fields.items() if field_name in value}
 
 
-Spec = Integer | Text | Uuid | Instant | Fields
+@dataclass(frozen=True)
+class Items:
+    """A JSON array of 1 to `max_items` objects, each checked by `item`.
+
+    NOTE: every item is checked, and the 422 names each bad one by its index (`prompts[3].text:
+    ...`), so a client fixes a whole batch in one round.
+    """
+
+    item: Fields
+    max_items: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "array", "minItems": 1, "maxItems": self.max_items,
+                           "items": _use(self.item)}, self.description)
+
+    def check(self, value: object, name: str) -> list[dict[str, Any]]:
+        """Returns the checked items; raises one 422 naming every bad item otherwise."""
+        if not isinstance(value, list):
+            raise _invalid(name, "must be an array")
+        if not 1 <= len(value) <= self.max_items:
+            raise _invalid(name, f"must hold 1 to {self.max_items} items")
+        checked, errors = [], []
+        for index, element in enumerate(value):
+            try:
+                checked.append(self.item.check(element, f"{name}[{index}]"))
+            except falcon.HTTPUnprocessableEntity as error:
+                errors.append(str(error.description))
+        if errors:
+            raise falcon.HTTPUnprocessableEntity(title="Invalid field",
+                                                 description="; ".join(errors))
+        return checked
+
+
+Spec = Integer | Text | Uuid | Instant | Items | Fields
 
 
 def _use(spec: Spec) -> Schema:
@@ -341,15 +381,23 @@ class PromptRequest:
 
 
 DEFAULT_PRIORITY = 50
+BATCH_DEFAULT_PRIORITY = 80
+"""A batch is background work: unless an item says otherwise it runs after interactive prompts."""
+MAX_BATCH = 1000
 DEFAULT_MAX_ATTEMPTS = 3
 PRIORITY = Integer(0, 100, DEFAULT_PRIORITY, "Lower runs first.")
+BATCH_PRIORITY = Integer(0, 100, BATCH_DEFAULT_PRIORITY,
+                         "Lower runs first; a batch item defaults to background priority.")
 MAX_ATTEMPTS = Integer(1, MAX_ATTEMPTS_LIMIT, DEFAULT_MAX_ATTEMPTS,
                        "Attempts allowed, retries included.")
 
 
 @functools.lru_cache(maxsize=8)
-def prompt_body(max_chars: int) -> Fields:
+def prompt_body(max_chars: int, batch: bool = False) -> Fields:
     """Returns the POST /prompt body's declaration; the text's limit is SA_MAX_PROMPT_CHARS.
+
+    With `batch`, the declaration of one item of POST /prompts/batch: the same fields, with the
+    background default priority.
 
     PERF: built once per limit; building it per request tripled the cost of a parse.
     """
@@ -360,7 +408,7 @@ def prompt_body(max_chars: int) -> Fields:
                           "entity of the org answers 422."),
         "text": Text(max_chars, "The prompt (SA_MAX_PROMPT_CHARS characters at most; not blank; "
                                 "no NUL character, no lone surrogate)."),
-        "priority": PRIORITY,
+        "priority": BATCH_PRIORITY if batch else PRIORITY,
         "max_attempts": MAX_ATTEMPTS,
         "options": OPTIONS,
         "run_at": Instant(MAX_SCHEDULE_SECONDS, "Run no earlier than this ISO 8601 date-time (no "
@@ -369,7 +417,24 @@ def prompt_body(max_chars: int) -> Fields:
         "delay_seconds": Integer(0, MAX_SCHEDULE_SECONDS, None,
                                  "Run no earlier than this many seconds from now (not with "
                                  "run_at)."),
-    }, required=("text",), component="PromptRequest", exclusive=(("run_at", "delay_seconds"),))
+    }, required=("text",), component="BatchPromptRequest" if batch else "PromptRequest",
+       exclusive=(("run_at", "delay_seconds"),))
+
+
+@functools.lru_cache(maxsize=8)
+def prompt_batch_body(max_chars: int) -> Fields:
+    """Returns the POST /prompts/batch body's declaration."""
+    return Fields({"prompts": Items(prompt_body(max_chars, batch=True), MAX_BATCH,
+                                    f"1 to {MAX_BATCH} prompts, written all or none.")},
+                  required=("prompts",), component="BatchRequest")
+
+
+def _prompt_request(checked: dict[str, Any], default_priority: int) -> PromptRequest:
+    return PromptRequest(text=checked["text"], parent_id=checked.get("parent_id"),
+                         priority=checked.get("priority", default_priority),
+                         max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+                         options=checked.get("options", {}), run_at=checked.get("run_at"),
+                         delay_seconds=checked.get("delay_seconds"))
 
 
 def parse_prompt(body: object, max_chars: int) -> PromptRequest:
@@ -378,12 +443,17 @@ def parse_prompt(body: object, max_chars: int) -> PromptRequest:
     Raises:
         falcon.HTTPUnprocessableEntity: a field is missing, unknown or out of range.
     """
-    checked = prompt_body(max_chars).check(body, "")
-    return PromptRequest(text=checked["text"], parent_id=checked.get("parent_id"),
-                         priority=checked.get("priority", DEFAULT_PRIORITY),
-                         max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
-                         options=checked.get("options", {}), run_at=checked.get("run_at"),
-                         delay_seconds=checked.get("delay_seconds"))
+    return _prompt_request(prompt_body(max_chars).check(body, ""), DEFAULT_PRIORITY)
+
+
+def parse_batch(body: object, max_chars: int) -> list[PromptRequest]:
+    """Validates a POST /prompts/batch body: every item, each bad one named by its index.
+
+    Raises:
+        falcon.HTTPUnprocessableEntity: the body is malformed or any item is bad.
+    """
+    checked = prompt_batch_body(max_chars).check(body, "")
+    return [_prompt_request(item, BATCH_DEFAULT_PRIORITY) for item in checked["prompts"]]
 
 
 NO_BODY = Fields({}, description="No body is needed; an empty JSON object is accepted, anything "

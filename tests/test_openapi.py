@@ -53,6 +53,7 @@ CONFIG_DATA: dict[str, Any] = {
 CONFIG = SchemathesisConfig.from_dict(CONFIG_DATA)
 PHASES = ("examples", "coverage", "fuzzing", "stateful")
 SUBMIT = f"POST {API_PREFIX}/prompt"
+BATCH = f"POST {API_PREFIX}/prompts/batch"
 
 
 def _until_idle(body: Iterable[bytes]) -> Iterator[bytes]:
@@ -112,21 +113,31 @@ class BearerToken:
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
 
 
+def _known_prompt(body: Any) -> Any:
+    """One prompt's body with what only the database or the clock can vouch for made real."""
+    if not isinstance(body, dict):
+        return body
+    if isinstance(body.get("parent_id"), str) and UUID_RE.fullmatch(body["parent_id"]):
+        body = {**body, "parent_id": APP.prompt_id}
+    if isinstance(body.get("run_at"), str) and INSTANT_RE.fullmatch(body["run_at"]):
+        body = {**body, "run_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+    return body
+
+
 def _known_state(case: Any) -> None:
-    """Makes real what only the database can vouch for, on POST /prompt: a well-formed `parent_id`
-    names the test's own prompt (a made-up one is a 422 by design), and a well-formed
-    Idempotency-Key is a fresh one (reused with another body it is a 422 by design), and a
-    well-formed `run_at` an hour ahead (a past one is a 422 by design). These 422s are tested in
-    tests/test_validation.py, tests/test_idempotency.py and tests/test_scheduled.py."""
-    if case.operation.label != SUBMIT:
+    """Makes real what only the database or the clock can vouch for, on POST /prompt and POST
+    /prompts/batch: a well-formed `parent_id` names the test's own prompt (a made-up one is a 422
+    by design), a well-formed `run_at` is an hour ahead (a past one is a 422 by design), and a
+    well-formed Idempotency-Key is a fresh one (reused with another body it is a 422 by design).
+    These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
+    tests/test_idempotency.py."""
+    if case.operation.label not in (SUBMIT, BATCH):
         return
     body = case.body
-    if isinstance(body, dict) and isinstance(body.get("parent_id"), str) and UUID_RE.fullmatch(
-            body["parent_id"]):
-        case.body = {**body, "parent_id": APP.prompt_id}
-    if isinstance(body, dict) and isinstance(body.get("run_at"), str) and INSTANT_RE.fullmatch(
-            body["run_at"]):
-        case.body = {**case.body, "run_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+    if case.operation.label == SUBMIT:
+        case.body = _known_prompt(body)
+    elif isinstance(body, dict) and isinstance(body.get("prompts"), list):
+        case.body = {**body, "prompts": [_known_prompt(item) for item in body["prompts"]]}
     key = (case.headers or {}).get(IDEMPOTENCY_KEY.name)
     if isinstance(key, str) and KEY_RE.fullmatch(key) and len(key) <= MAX_KEY_LENGTH:
         case.headers = {**case.headers, IDEMPOTENCY_KEY.name: str(uuid.uuid4())}

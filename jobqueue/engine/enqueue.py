@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -23,7 +26,7 @@ from jobqueue.core.tokens import Caller
 from jobqueue.engine import transitions
 from jobqueue.engine.idempotency import request_fingerprint
 
-__all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "enqueue"]
+__all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "Submission", "enqueue", "enqueue_many"]
 
 QUEUE_FULL_RETRY_AFTER = 30
 """Seconds a client is told to wait (Retry-After) when its org's queue is full."""
@@ -46,6 +49,30 @@ class Enqueued:
     state: str
     created_at: datetime
     replayed: bool = False
+
+
+@dataclass(frozen=True)
+class Submission:
+    """One prompt of a batch, validated by the caller (the fields of POST /prompt)."""
+
+    text: str
+    parent_id: uuid.UUID | None = None
+    priority: int = 50
+    max_attempts: int = 3
+    options: dict[str, Any] = field(default_factory=dict)
+    run_at: datetime | None = None
+    delay_seconds: int | None = None
+
+    def schedule(self) -> dict[str, Any]:
+        """The scheduling fields given, as they join the request fingerprint."""
+        return {name: value for name, value in (
+            ("run_at", self.run_at.isoformat() if self.run_at is not None else None),
+            ("delay_seconds", self.delay_seconds)) if value is not None}
+
+    def fingerprint(self) -> bytes:
+        """The request fingerprint of this prompt (`request_fingerprint`)."""
+        return request_fingerprint(self.text, self.parent_id, self.priority, self.max_attempts,
+                                   self.options, self.schedule())
 
 
 def enqueue(
@@ -104,11 +131,8 @@ def enqueue(
         "delay_seconds": delay_seconds,
     }
     if idempotency_key is not None:
-        schedule = {name: value for name, value in (
-            ("run_at", run_at.isoformat() if run_at is not None else None),
-            ("delay_seconds", delay_seconds)) if value is not None}
-        params["request_hash"] = request_fingerprint(text, parent_id, priority, max_attempts, opts,
-                                                     schedule)
+        params["request_hash"] = Submission(text, parent_id, priority, max_attempts, opts, run_at,
+                                            delay_seconds).fingerprint()
     for _ in range(_KEY_ATTEMPTS):
         params["prompt_id"], params["job_id"] = uuid.uuid4(), uuid.uuid4()
         with pool.connection() as conn:
@@ -142,8 +166,91 @@ def enqueue(
     raise RuntimeError(f"enqueue: idempotency key kept changing hands ({_KEY_ATTEMPTS} tries)")
 
 
-def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int) -> Row:
-    """Runs the enqueue statement; under the org's enqueue lock when a cap is set."""
+def enqueue_many(
+    pool: ConnectionPool[DictConnection],
+    caller: Caller,
+    items: Sequence[Submission],
+    *,
+    idempotency_key: str | None = None,
+    max_queued: int = 0,
+) -> list[Enqueued]:
+    """Writes a batch of prompts and their queued jobs in one statement: all of them or none.
+
+    Args:
+        pool: database pool.
+        caller: org and user the prompts belong to.
+        items: the validated prompts, in the order their ids are answered.
+        idempotency_key: one key for the whole batch; a repeat of the same batch within
+            `KEY_TTL_SECONDS` answers the original ids (`replayed`) and writes nothing.
+        max_queued: as for `enqueue`; the whole batch must fit.
+
+    Returns:
+        One Enqueued per item, in input order.
+
+    Raises:
+        InvalidInput: some `parent_id` names no entity of the caller's org (each position named).
+        IdempotencyKeyReused: the key is bound to a different request.
+        QueueFull: the batch does not fit under the org's cap.
+    """
+    params: dict[str, Any] = {
+        "org_id": caller.org_id, "user_id": caller.user_id,
+        "parent_ids": [item.parent_id for item in items],
+        "texts": [item.text for item in items],
+        "priorities": [item.priority for item in items],
+        "max_attempts": [item.max_attempts for item in items],
+        # PERF: options go as JSON text, cast by the statement: cheaper than one Jsonb per item.
+        "options": [json.dumps(item.options) for item in items],
+        "run_ats": [item.run_at for item in items],
+        "delays": [item.delay_seconds for item in items],
+        "max_queued": max_queued, "idempotency_key": idempotency_key, "request_hash": None,
+        "key_ttl": KEY_TTL_SECONDS,
+    }
+    if idempotency_key is not None:
+        params["request_hash"] = hashlib.sha256(
+            b"batch" + b"".join(item.fingerprint() for item in items)).digest()
+    for _ in range(_KEY_ATTEMPTS):
+        params["prompt_ids"] = [uuid.uuid4() for _ in items]
+        params["job_ids"] = [uuid.uuid4() for _ in items]
+        with pool.connection() as conn:
+            row = _insert(conn, params, max_queued, q.PROMPT_INSERT_WITH_JOB_MANY)
+            if not row["written"] and idempotency_key is not None:
+                key_row = conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
+                    "org_id": caller.org_id, "user_id": caller.user_id, "key": idempotency_key,
+                    "ttl": KEY_TTL_SECONDS}).fetchone()
+                if key_row is not None:
+                    _replay(key_row, params["request_hash"])
+                    log.info("job.enqueue_replayed", jobs=len(items), org_id=caller.org_id)
+                    return [Enqueued(prompt_id=prompt_id, job_id=job_id, state="queued",
+                                     created_at=key_row["created_at"], replayed=True)
+                            for prompt_id, job_id in zip(key_row["batch_prompt_ids"] or [],
+                                                         key_row["batch_job_ids"] or [],
+                                                         strict=True)]
+        if row["written"]:
+            sender = wakeup.for_pool(pool)
+            if row["written"] > len(row["dues"] or ()):
+                sender.job_queued()
+            for due in row["dues"] or ():
+                sender.job_queued(due)
+            transitions.record("job.enqueued", None, JobState.QUEUED, count=row["written"],
+                               jobs=row["written"], org_id=caller.org_id, user_id=caller.user_id)
+            return [Enqueued(prompt_id=prompt_id, job_id=job_id, state=JobState.QUEUED.value,
+                             created_at=row["created_at"])
+                    for prompt_id, job_id in zip(params["prompt_ids"], params["job_ids"],
+                                                 strict=True)]
+        if row["bad_parents"]:
+            raise InvalidInput("; ".join(
+                f"prompts[{n}].parent_id: does not name an existing entity"
+                for n in row["bad_parents"]))
+        if not row["under_cap"]:
+            raise QueueFull(
+                f"this batch would take your organization past {max_queued} queued jobs (the "
+                "most allowed); retry when some have started", retry_after=QUEUE_FULL_RETRY_AFTER)
+    raise RuntimeError(f"enqueue: idempotency key kept changing hands ({_KEY_ATTEMPTS} tries)")
+
+
+def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int,
+            statement: str = q.PROMPT_INSERT_WITH_JOB) -> Row:
+    """Runs an enqueue statement; under the org's enqueue lock when a cap is set."""
     if max_queued > 0:
         # NOTE: the lock makes the cap exact: see ORG_ENQUEUE_LOCK.
         # PERF: BEGIN, lock, insert, COMMIT: three round trips more than the lone statement
@@ -152,9 +259,9 @@ def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int) -> Ro
         # drains at thousands of submits per second, and other orgs never wait on it.
         with conn.transaction():
             conn.execute(idempotency_q.ORG_ENQUEUE_LOCK, {"org_id": params["org_id"]})
-            row = conn.execute(q.PROMPT_INSERT_WITH_JOB, params).fetchone()
+            row = conn.execute(statement, params).fetchone()
     else:
-        row = conn.execute(q.PROMPT_INSERT_WITH_JOB, params).fetchone()
+        row = conn.execute(statement, params).fetchone()
     assert row is not None  # NOTE: the statement always answers one row (the gate's)
     return row
 

@@ -1,4 +1,4 @@
-"""POST /prompt and GET /prompts/{id}."""
+"""POST /prompt, POST /prompts/batch and GET /prompts/{id}."""
 
 from __future__ import annotations
 
@@ -9,11 +9,12 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from jobqueue.engine.enqueue import enqueue
+from jobqueue.engine.enqueue import Submission, enqueue, enqueue_many
 from service.lookup import get_prompt
-from service.validation import parse_idempotency_key, parse_prompt
+from service.validation import parse_batch, parse_idempotency_key, parse_prompt
 
-__all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptCollection", "PromptItem"]
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptBatch", "PromptCollection",
+           "PromptItem"]
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -46,6 +47,34 @@ class PromptCollection:
             resp.set_header(REPLAYED_HEADER, "true")
         resp.location = f"{req.root_path}/sa-core/v1/jobs/{done.job_id}"
         resp.media = {"prompt_id": done.prompt_id, "job_id": done.job_id, "state": done.state}
+
+
+class PromptBatch:
+    """Submits up to MAX_BATCH prompts at once: one statement, all or none, 202 at once."""
+
+    def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings) -> None:
+        self._pool = pool
+        self._max_chars = settings.max_prompt_chars
+        self._max_queued = settings.org_max_queued
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        """Writes every prompt and its queued job; answers 202 with their ids in input order.
+
+        One Idempotency-Key covers the batch: a repeat answers the original ids with
+        `Idempotent-Replayed: true` and writes nothing.
+        """
+        key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
+        items = [Submission(text=r.text, parent_id=r.parent_id, priority=r.priority,
+                            max_attempts=r.max_attempts, options=r.options, run_at=r.run_at,
+                            delay_seconds=r.delay_seconds)
+                 for r in parse_batch(req.get_media(), self._max_chars)]
+        done = enqueue_many(self._pool, req.context.caller, items, idempotency_key=key,
+                            max_queued=self._max_queued)
+        resp.status = falcon.HTTP_202
+        if done[0].replayed:
+            resp.set_header(REPLAYED_HEADER, "true")
+        resp.media = {"items": [{"prompt_id": d.prompt_id, "job_id": d.job_id, "state": d.state}
+                                for d in done]}
 
 
 class PromptItem:
