@@ -143,13 +143,13 @@ def create_app(
     app.add_route("/readyz", Ready(pool))
     app.add_route("/metrics", Metrics(pool))
     app.add_route(OPENAPI_PATH, OpenApiDocument(document))
-    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings))
+    hub = hub or EventHub.from_settings(pool, settings)
+    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings, hub))
     app.add_route(f"{API_PREFIX}/prompts/batch", PromptBatch(pool, settings))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry", PromptRetry(pool))
-    hub = hub or EventHub.from_settings(pool, settings)
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,

@@ -21,6 +21,7 @@ from jobqueue.core.listener import NotificationListener
 from jobqueue.core.queries import job_event as q
 from jobqueue.core.queries import token as token_q
 from jobqueue.core.settings import Settings
+from jobqueue.core.states import TERMINAL
 from service.event_horizon import EventHorizon, Observed
 
 __all__ = [
@@ -243,6 +244,7 @@ class EventHub:
         self._start_lock = threading.Lock()
         self._subs: dict[Key, set[Subscription]] = defaultdict(set)
         self._per_token: dict[bytes, int] = defaultdict(int)
+        self._job_watchers: dict[uuid.UUID, set[threading.Event]] = defaultdict(set)
         self._horizon = EventHorizon()
         self._ready = threading.Event()
         self._looked = threading.Event()
@@ -369,6 +371,34 @@ class EventHub:
             self._per_token[token] += 1
         return sub
 
+    @property
+    def watched_jobs(self) -> int:
+        """Jobs some request is waiting on (`Prefer: wait=N`)."""
+        with self._lock:
+            return len(self._job_watchers)
+
+    def watch_job(self, job_id: uuid.UUID) -> threading.Event:
+        """Returns an event set when the hub delivers the job's move to a terminal state.
+
+        For `Prefer: wait=N`: the waiting request holds this event, not a pool connection. The
+        caller reads the job once after watching (it may have finished before), and always
+        calls `unwatch_job`.
+        """
+        self.ensure_started()
+        finished = threading.Event()
+        with self._lock:
+            self._job_watchers[job_id].add(finished)
+        return finished
+
+    def unwatch_job(self, job_id: uuid.UUID, finished: threading.Event) -> None:
+        """Forgets a watch (idempotent)."""
+        with self._lock:
+            watchers = self._job_watchers.get(job_id)
+            if watchers is not None:
+                watchers.discard(finished)
+                if not watchers:
+                    del self._job_watchers[job_id]
+
     def unsubscribe(self, sub: Subscription) -> None:
         """Forgets a stream (idempotent)."""
         with self._lock:
@@ -489,6 +519,11 @@ class EventHub:
                         dropped.append(sub)
             for sub in dropped:
                 self._forget(sub)
+            if self._job_watchers:
+                for event in events:
+                    if event.to_state in TERMINAL:
+                        for finished in self._job_watchers.get(event.job_id, ()):
+                            finished.set()
             self._horizon.advance(events[-1].id)
         for sub in dropped:
             log.warning("sse.client_too_slow", org_id=sub.org_id, user_id=sub.user_id,

@@ -30,6 +30,7 @@ from service.validation import (
     MAX_BATCH,
     NO_BODY,
     OPTIONS,
+    PREFER,
     RECENT_LIMIT,
     SCOPE,
     SINCE,
@@ -253,6 +254,13 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "scheduled_for": _TIME, "created_at": _TIME, "updated_at": _TIME,
             },
         },
+        "JobWithResponse": {
+            "allOf": [_ref("Job")],
+            "type": "object",
+            "description": "A finished job with its response's text (null unless it succeeded).",
+            "required": ["response_text"],
+            "properties": {"response_text": _nullable({"type": "string"})},
+        },
         "Entity": {
             "type": "object",
             "description": "A prompt or a response.",
@@ -410,12 +418,17 @@ def _paths() -> dict[str, Any]:
                 "even when the repeats race; the same key with a different request answers 422. "
                 "When the caller's org already has SA_ORG_MAX_QUEUED jobs queued, it answers 429 "
                 "and writes nothing."),
-            "parameters": [_param(IDEMPOTENCY_KEY, "7c0e5a0e-2f1b-4d8e-9a51-3b0c6f2d9e11")],
+            "parameters": [_param(IDEMPOTENCY_KEY, "7c0e5a0e-2f1b-4d8e-9a51-3b0c6f2d9e11"),
+                           _param(PREFER, "wait=30")],
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": _ref("PromptRequest"),
                 "example": {"text": "Summarise the spec in one line.", "priority": 20,
                             "max_attempts": 3, "options": {"depth": 4}}}}},
             "responses": {
+                "200": _json("Finished within `Prefer: wait=N` seconds: the job (in a terminal "
+                             "state) and its response's text.", _ref("JobWithResponse"),
+                             {**_JOB_EXAMPLE, "response_text": "One queue, many workers."},
+                             {**_LOCATION, **replayed}),
                 "202": submitted,
                 **_errors("400", "401", "413", "415", "422"),
                 "429": _error("429", "The org's queue is full (SA_ORG_MAX_QUEUED); nothing was "

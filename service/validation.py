@@ -37,9 +37,11 @@ __all__ = [
     "MAX_EVENT_ID",
     "MAX_MODEL_CHARS",
     "MAX_SCHEDULE_SECONDS",
+    "MAX_WAIT_SECONDS",
     "NO_BODY",
     "OPTIONS",
     "OPTION_KEYS",
+    "PREFER",
     "RECENT_LIMIT",
     "RECENT_LIMIT_DEFAULT",
     "RECENT_LIMIT_MAX",
@@ -67,6 +69,7 @@ __all__ = [
     "parse_limit",
     "parse_no_body",
     "parse_org_wide",
+    "parse_prefer_wait",
     "parse_prompt",
     "parse_since",
     "prompt_batch_body",
@@ -79,6 +82,9 @@ MAX_ATTEMPTS_LIMIT = 10
 MAX_MODEL_CHARS = 200
 RECENT_LIMIT_DEFAULT = 100
 RECENT_LIMIT_MAX = 500
+
+MAX_WAIT_SECONDS = 60
+"""The longest `Prefer: wait=N` a POST /prompt may hold its request open for."""
 
 MAX_SCHEDULE_SECONDS = 366 * 86400
 """The furthest ahead a prompt may be scheduled (`run_at`, `delay_seconds`): a year and a day."""
@@ -137,6 +143,8 @@ _INSTANT_RE = re.compile(INSTANT_PATTERN)
 # Every pattern is used with fullmatch: a bare `$` would also match before a trailing newline.
 _KEY_PATTERN = "^[!-~]+$"
 _KEY_RE = re.compile(_KEY_PATTERN)
+_PREFER_PATTERN = "^[ \t]*wait=([0-9]|[1-5][0-9]|60)[ \t]*$"
+_PREFER_RE = re.compile(_PREFER_PATTERN)
 
 
 def _invalid(name: str, why: str) -> falcon.HTTPUnprocessableEntity:
@@ -514,6 +522,26 @@ IDEMPOTENCY_KEY = Param("Idempotency-Key", "header",
                          "pattern": _KEY_PATTERN},
                         f"1 to {MAX_KEY_LENGTH} visible ASCII characters; scoped to the caller's "
                         "org and user.")
+
+PREFER = Param("Prefer", "header", {"type": "string", "pattern": _PREFER_PATTERN},
+               f"`wait=N` (N from 0 to {MAX_WAIT_SECONDS}, RFC 7240): hold the answer up to N "
+               "seconds for the job to finish; finished in time answers 200 with the job and "
+               "`response_text`, else the usual 202. No other preference is taken.")
+
+
+def parse_prefer_wait(raw: str | None) -> int:
+    """Parses `Prefer: wait=N`; absent means 0 (answer at once).
+
+    Raises:
+        falcon.HTTPInvalidHeader: anything but `wait=N` with N from 0 to MAX_WAIT_SECONDS.
+    """
+    if raw is None:
+        return 0
+    match = _PREFER_RE.fullmatch(raw)
+    if match is None:
+        raise falcon.HTTPInvalidHeader(f"must be wait=N, N from 0 to {MAX_WAIT_SECONDS}",
+                                       PREFER.name)
+    return int(match.group(1))
 
 
 def parse_since(raw: str | None) -> datetime | None:

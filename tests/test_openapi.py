@@ -29,7 +29,7 @@ from service.app import create_app
 from service.auth import API_PREFIX
 from service.event_hub import EventHub
 from service.openapi import OPENAPI_PATH, build_openapi
-from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, UUID_PATTERN
+from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, PREFER, UUID_PATTERN
 
 # NOTE: the document depends on settings only through limits; the test app uses the defaults.
 DOCUMENT = build_openapi(Settings(database_url="", direct_database_url="", provider_url="",
@@ -37,6 +37,7 @@ DOCUMENT = build_openapi(Settings(database_url="", direct_database_url="", provi
 EVENTS_PATH = f"{API_PREFIX}/mission/events"
 UUID_RE = re.compile(UUID_PATTERN)
 INSTANT_RE = re.compile(INSTANT_PATTERN)
+PREFER_RE = re.compile(PREFER.schema["pattern"])
 KEY_RE = re.compile(IDEMPOTENCY_KEY.schema["pattern"])
 MAX_KEY_LENGTH = IDEMPOTENCY_KEY.schema["maxLength"]
 
@@ -130,7 +131,8 @@ def _known_state(case: Any) -> None:
     by design), a well-formed `run_at` is an hour ahead (a past one is a 422 by design), and a
     well-formed Idempotency-Key is a fresh one (reused with another body it is a 422 by design).
     These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
-    tests/test_idempotency.py."""
+    tests/test_idempotency.py. A well-formed `Prefer: wait=N` becomes wait=0: with no worker
+    here, every call would hold N seconds (waiting is tested in tests/test_wait.py)."""
     if case.operation.label not in (SUBMIT, BATCH):
         return
     body = case.body
@@ -141,6 +143,9 @@ def _known_state(case: Any) -> None:
     key = (case.headers or {}).get(IDEMPOTENCY_KEY.name)
     if isinstance(key, str) and KEY_RE.fullmatch(key) and len(key) <= MAX_KEY_LENGTH:
         case.headers = {**case.headers, IDEMPOTENCY_KEY.name: str(uuid.uuid4())}
+    prefer = (case.headers or {}).get(PREFER.name)
+    if isinstance(prefer, str) and PREFER_RE.fullmatch(prefer):
+        case.headers = {**case.headers, PREFER.name: "wait=0"}
 
 
 stateful.auth(refresh_interval=None)(BearerToken)
