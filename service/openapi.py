@@ -252,6 +252,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "supersedes": _nullable(_UUID),
                 "org_id": {"type": "integer"}, "created_by": {"type": "integer"},
                 "scheduled_for": _TIME, "created_at": _TIME, "updated_at": _TIME,
+                "after_job_id": _nullable(_UUID),
             },
         },
         "JobWithResponse": {

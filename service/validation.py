@@ -386,6 +386,7 @@ class PromptRequest:
     options: dict[str, Any]
     run_at: datetime | None = None
     delay_seconds: int | None = None
+    after: uuid.UUID | None = None
 
 
 DEFAULT_PRIORITY = 50
@@ -425,8 +426,14 @@ def prompt_body(max_chars: int, batch: bool = False) -> Fields:
         "delay_seconds": Integer(0, MAX_SCHEDULE_SECONDS, None,
                                  "Run no earlier than this many seconds from now (not with "
                                  "run_at)."),
+        **({} if batch else {"after": Uuid(
+            "A job, or a prompt (its latest job), of the caller's org: this prompt runs only "
+            "once that job succeeds, and continues its thread (the response becomes the parent "
+            "unless parent_id is given). If it fails, is cancelled or superseded, this job "
+            "ends cancelled with error_kind dependency_failed. One already failed answers 422. "
+            "Not with run_at or delay_seconds.")}),
     }, required=("text",), component="BatchPromptRequest" if batch else "PromptRequest",
-       exclusive=(("run_at", "delay_seconds"),))
+       exclusive=(("run_at", "delay_seconds"), ("run_at", "after"), ("delay_seconds", "after")))
 
 
 @functools.lru_cache(maxsize=8)
@@ -442,7 +449,7 @@ def _prompt_request(checked: dict[str, Any], default_priority: int) -> PromptReq
                          priority=checked.get("priority", default_priority),
                          max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
                          options=checked.get("options", {}), run_at=checked.get("run_at"),
-                         delay_seconds=checked.get("delay_seconds"))
+                         delay_seconds=checked.get("delay_seconds"), after=checked.get("after"))
 
 
 def parse_prompt(body: object, max_chars: int) -> PromptRequest:

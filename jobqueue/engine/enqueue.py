@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -26,10 +26,17 @@ from jobqueue.core.tokens import Caller
 from jobqueue.engine import transitions
 from jobqueue.engine.idempotency import request_fingerprint
 
-__all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "Submission", "enqueue", "enqueue_many"]
+__all__ = ["QUEUE_FULL_RETRY_AFTER", "WAITING_UNTIL", "Enqueued", "Submission", "enqueue",
+           "enqueue_many"]
 
 QUEUE_FULL_RETRY_AFTER = 30
 """Seconds a client is told to wait (Retry-After) when its org's queue is full."""
+
+WAITING_UNTIL = datetime(9999, 12, 31, tzinfo=UTC)
+"""The scheduled_for of a job waiting for its predecessor (`after`): never due by time, only
+released by the predecessor's success (0014_workflows.sql says the same literal)."""
+
+_ENDED = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.SUPERSEDED})
 
 # NOTE: a live key can expire between the enqueue statement (which found it live) and the read
 # of its row; the enqueue is then simply tried again, and the next try takes the key over.
@@ -62,12 +69,14 @@ class Submission:
     options: dict[str, Any] = field(default_factory=dict)
     run_at: datetime | None = None
     delay_seconds: int | None = None
+    after: uuid.UUID | None = None
 
     def schedule(self) -> dict[str, Any]:
         """The scheduling fields given, as they join the request fingerprint."""
         return {name: value for name, value in (
             ("run_at", self.run_at.isoformat() if self.run_at is not None else None),
-            ("delay_seconds", self.delay_seconds)) if value is not None}
+            ("delay_seconds", self.delay_seconds),
+            ("after", str(self.after) if self.after is not None else None)) if value is not None}
 
     def fingerprint(self) -> bytes:
         """The request fingerprint of this prompt (`request_fingerprint`)."""
@@ -88,6 +97,7 @@ def enqueue(
     max_queued: int = 0,
     run_at: datetime | None = None,
     delay_seconds: int | None = None,
+    after: uuid.UUID | None = None,
 ) -> Enqueued:
     """Writes the prompt and a queued job in one statement (atomic), unless a guard says no.
 
@@ -105,12 +115,14 @@ def enqueue(
         max_queued: the most jobs the caller's org may have queued at once; 0 for no cap.
         run_at: when the job becomes claimable (validated by the caller: not past, not absurd).
         delay_seconds: or: how long from the database's now until it does.
+        after: or: a job (or prompt: its latest job) of the caller's org this one waits for.
 
     Returns:
         The new ids and state (or the original ones, for a replay).
 
     Raises:
-        InvalidInput: `parent_id` names no entity of the caller's org.
+        InvalidInput: `parent_id` names no entity of the caller's org, or `after` no job or
+            prompt of it, or a job already failed, cancelled or superseded.
         IdempotencyKeyReused: the key is bound to a different request.
         QueueFull: the org already has `max_queued` queued jobs.
     """
@@ -129,10 +141,12 @@ def enqueue(
         "key_ttl": KEY_TTL_SECONDS,
         "run_at": run_at,
         "delay_seconds": delay_seconds,
+        "after": after,
+        "waiting_until": WAITING_UNTIL,
     }
     if idempotency_key is not None:
         params["request_hash"] = Submission(text, parent_id, priority, max_attempts, opts, run_at,
-                                            delay_seconds).fingerprint()
+                                            delay_seconds, after).fingerprint()
     for _ in range(_KEY_ATTEMPTS):
         params["prompt_id"], params["job_id"] = uuid.uuid4(), uuid.uuid4()
         with pool.connection() as conn:
@@ -148,17 +162,26 @@ def enqueue(
                     return replayed
         if row["id"] is not None:
             scheduled = run_at is not None or bool(delay_seconds)
-            wakeup.for_pool(pool).job_queued(
-                row["scheduled_for"].timestamp() if scheduled else None)
+            if row["scheduled_for"] != WAITING_UNTIL:
+                wakeup.for_pool(pool).job_queued(
+                    row["scheduled_for"].timestamp() if scheduled else None)
+            extra: dict[str, Any] = {}
+            if scheduled:
+                extra["scheduled_for"] = row["scheduled_for"].isoformat()
+            if after is not None:
+                extra["after"] = str(after)
             transitions.record("job.enqueued", None, JobState.QUEUED, job_id=str(row["id"]),
                                prompt_id=str(row["prompt_id"]), org_id=caller.org_id,
-                               user_id=caller.user_id, priority=priority,
-                               **({"scheduled_for": row["scheduled_for"].isoformat()}
-                                  if scheduled else {}))
+                               user_id=caller.user_id, priority=priority, **extra)
             return Enqueued(prompt_id=row["prompt_id"], job_id=row["id"], state=row["state"],
                             created_at=row["created_at"])
         if not row["parent_ok"]:
             raise InvalidInput(f"parent_id {parent_id} does not name an existing entity")
+        if after is not None and row["after_state"] is None:
+            raise InvalidInput(f"after: {after} names no job or prompt of your organization")
+        if after is not None and row["after_state"] in _ENDED:
+            raise InvalidInput(f"after: its job is {row['after_state']} and will never succeed; "
+                               "retry it first")
         if not row["under_cap"]:
             raise QueueFull(
                 f"your organization already has {max_queued} queued jobs (the most allowed); "

@@ -52,7 +52,7 @@ class PromptCollection:
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
-            run_at=request.run_at, delay_seconds=request.delay_seconds,
+            run_at=request.run_at, delay_seconds=request.delay_seconds, after=request.after,
         )
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")

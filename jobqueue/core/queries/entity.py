@@ -17,16 +17,36 @@ __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB", "PROMPT_INSERT_WITH_JOB_MANY"
 #   caller then reads the key row (IDEMPOTENCY_KEY_GET_LIVE) and replays or refuses.
 # - A scheduled prompt (`run_at`, or `delay_seconds` from the database's now) waits queued with
 #   that scheduled_for; the claim skips it until then (sa_job_claim_idx orders by it).
+# - With `after` (a job id, or a prompt id meaning its latest job; sa_job_pkey or
+#   sa_job_prompt_idx), the predecessor must be of the org and not failed, cancelled or
+#   superseded (`after_state`). Still active: the job waits (scheduled_for `waiting_until`) until
+#   the predecessor's end settles it (trigger sa_job_settle_dependents, 0014_workflows.sql).
+#   Already succeeded: it is due at once and, unless `parent_id` is given, its prompt continues
+#   the predecessor's thread (the response is its parent).
 # The answer is always one row: the gate's verdicts and the job's columns (NULL when nothing was
 # written), so the caller tells "unknown parent", "queue full" and "key taken" apart.
 PROMPT_INSERT_WITH_JOB = """
-WITH parent AS (
+WITH pred AS (
+    (SELECT j.id, j.state, j.response_id
+       FROM sa_job j
+      WHERE j.id = %(after)s AND j.org_id = %(org_id)s)
+    UNION ALL
+    (SELECT j.id, j.state, j.response_id
+       FROM sa_job j
+      WHERE j.prompt_id = %(after)s AND j.org_id = %(org_id)s
+      ORDER BY j.created_at DESC
+      LIMIT 1)
+    LIMIT 1
+), parent AS (
     SELECT e.id, e.correlation_id
       FROM sa_entity e
-     WHERE e.id = %(parent_id)s AND e.org_id = %(org_id)s
+     WHERE e.id = coalesce(%(parent_id)s::uuid,
+                           (SELECT response_id FROM pred WHERE state = 'succeeded'))
+       AND e.org_id = %(org_id)s
 ), gate AS (
     SELECT %(org_id)s::bigint AS org_id, %(user_id)s::bigint AS user_id,
            (%(parent_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM parent)) AS parent_ok,
+           (SELECT state FROM pred) AS after_state,
            (%(max_queued)s = 0
             OR (SELECT count(*)
                   FROM (SELECT 1
@@ -39,6 +59,8 @@ WITH parent AS (
            %(job_id)s
       FROM gate
      WHERE gate.parent_ok AND gate.under_cap AND %(idempotency_key)s::text IS NOT NULL
+       AND (%(after)s::uuid IS NULL
+            OR gate.after_state IN ('queued', 'running', 'succeeded'))
         ON CONFLICT (org_id, user_id, key) DO UPDATE
        SET request_hash = excluded.request_hash, prompt_id = excluded.prompt_id,
            job_id = excluded.job_id, created_at = excluded.created_at
@@ -47,25 +69,31 @@ WITH parent AS (
 ), prompt AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, parent_id, correlation_id,
                            causation_id, content)
-    SELECT %(prompt_id)s, 'prompt', gate.org_id, gate.user_id, %(parent_id)s,
+    SELECT %(prompt_id)s, 'prompt', gate.org_id, gate.user_id, (SELECT id FROM parent),
            coalesce((SELECT correlation_id FROM parent), %(prompt_id)s),
-           %(parent_id)s, %(text)s
+           (SELECT id FROM parent), %(text)s
       FROM gate
      WHERE gate.parent_ok AND gate.under_cap
+       AND (%(after)s::uuid IS NULL
+            OR gate.after_state IN ('queued', 'running', 'succeeded'))
        AND (%(idempotency_key)s::text IS NULL OR EXISTS (SELECT 1 FROM idempotency))
     RETURNING id, org_id, created_by
 ), job AS (
     INSERT INTO sa_job (id, prompt_id, priority, max_attempts, execution_options, org_id,
-                        created_by, supersedes, scheduled_for)
+                        created_by, supersedes, scheduled_for, after_job_id)
     SELECT %(job_id)s, prompt.id, %(priority)s, %(max_attempts)s, %(options)s, prompt.org_id,
            prompt.created_by, NULL,
-           coalesce(%(run_at)s::timestamptz,
-                    now() + make_interval(secs => coalesce(%(delay_seconds)s::int, 0)))
+           CASE WHEN pred.state IN ('queued', 'running') THEN %(waiting_until)s::timestamptz
+                ELSE coalesce(%(run_at)s::timestamptz,
+                              now() + make_interval(secs => coalesce(%(delay_seconds)s::int, 0)))
+           END,
+           pred.id
       FROM prompt
+      LEFT JOIN pred ON true
     RETURNING id, prompt_id, state, created_at, scheduled_for
 )
-SELECT gate.parent_ok, gate.under_cap, job.id, job.prompt_id, job.state, job.created_at,
-       job.scheduled_for
+SELECT gate.parent_ok, gate.under_cap, gate.after_state, job.id, job.prompt_id, job.state,
+       job.created_at, job.scheduled_for
   FROM gate
   LEFT JOIN job ON true
 """
@@ -88,8 +116,9 @@ WITH item AS (
                                 options, run_at, delay_seconds, n)
 ), parent AS (
     SELECT e.id, e.correlation_id
-      FROM sa_entity e
-     WHERE e.id = ANY(%(parent_ids)s::uuid[]) AND e.org_id = %(org_id)s
+      FROM (SELECT DISTINCT parent_id FROM item WHERE parent_id IS NOT NULL) AS named
+      JOIN sa_entity e ON e.id = named.parent_id
+     WHERE e.org_id = %(org_id)s
 ), gate AS (
     SELECT %(org_id)s::bigint AS org_id, %(user_id)s::bigint AS user_id,
            (SELECT array_agg(item.n - 1 ORDER BY item.n)

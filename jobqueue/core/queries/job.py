@@ -157,7 +157,10 @@ WITH running AS (
 #   entity is written alongside);
 # - queued: the next attempt, due `delay` seconds from now (computed by policy), unclaimed;
 # - failed: finished for good.
-# Every job written gets its ledger row. The statement fails as a whole if any insert does (the
+# Every job written gets its ledger row. A job's waiting dependents (`after`) are released or
+# ended by trigger sa_job_settle_dependents (0014_workflows.sql) in this same statement;
+# `dependents` counts them (the statement's snapshot predates the trigger's writes), served by
+# sa_job_after_idx. The statement fails as a whole if any insert does (the
 # completer then splits the batch). The answer is (id, attempt, to_state) per job written, with
 # the attempt it was claimed at.
 # PERF: one statement, so one round trip and one commit for a whole mixed batch.
@@ -218,7 +221,10 @@ WITH done AS (
            CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END
       FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
 )
-SELECT id, attempt, to_state FROM job
+SELECT id, attempt, to_state,
+       (SELECT count(*) FROM sa_job d WHERE d.after_job_id = job.id AND d.state = 'queued'
+           AND d.scheduled_for = '9999-12-31 00:00:00+00') AS dependents
+  FROM job
 """
 
 # served by sa_job_pkey (id). Fails claimed jobs the worker cannot run at all (claim.py's
@@ -260,7 +266,7 @@ RETURNING id, prompt_id, org_id, attempt
 JOB_GET = (
     "SELECT "
     + JOB_COLUMNS
-    + """
+    + """, after_job_id
   FROM sa_job
  WHERE id = %(job_id)s AND org_id = %(org_id)s
 """
