@@ -33,7 +33,10 @@ from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
 from service.resources.metrics import Metrics
 from service.resources.mission import MissionRecent
+from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
+from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
+from service.resources.session import Session
 from service.serialize import json_handler, serialize_error
 
 __all__ = ["create_app"]
@@ -154,6 +157,16 @@ def create_app(
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
                                 replay_limit=settings.sse_replay_limit))
+    app.add_route(f"{API_PREFIX}/session", Session(pool))
+    app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
+    app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
+    app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))
+    # NOTE: the pages live at the root, outside the versioned JSON API: they are HTML, and the
+    # session cookie's Path (/sa-core/v1) keeps it off them.
+    static = load_static()
+    app.add_route("/mission", Page(static, "mission.html"))
+    app.add_route("/mission/ops", Page(static, "ops.html"))
+    app.add_route("/mission/assets/{name}", Asset(static))
 
     app.add_error_handler(Exception, _unexpected)
     app.add_error_handler(psycopg.OperationalError, _database_down)

@@ -42,12 +42,19 @@ class _BodyTimeout(Exception):
 
 class SecurityHeadersMiddleware:
     """Adds `SECURITY_HEADERS` to every answer, errors included, and `Cache-Control: no-store`
-    unless the resource chose a cache policy itself (an SSE stream says `no-cache`)."""
+    unless the resource chose a cache policy itself (an SSE stream says `no-cache`).
+
+    A resource that serves a page sets its own Content-Security-Policy, which is kept (only
+    for an answer it completed: an error answer is JSON and gets the API's policy).
+    """
 
     def process_response(self, req: falcon.Request, resp: falcon.Response, resource: object,
                          req_succeeded: bool) -> None:
         """Sets the headers; runs for every request, even one a middleware rejected."""
+        page_csp = resp.get_header("Content-Security-Policy") if req_succeeded else None
         resp.set_headers(SECURITY_HEADERS)
+        if page_csp is not None:
+            resp.set_header("Content-Security-Policy", page_csp)
         if resp.get_header("Cache-Control") is None:
             resp.set_header("Cache-Control", "no-store")
 

@@ -83,6 +83,7 @@ _ERROR_EXAMPLES = {
     "400": ("Invalid parameter", "The \"since\" parameter is invalid. must be an ISO 8601 timestamp"),
     "401": ("Unauthorized", "A valid bearer token is required."),
     "404": ("Not found", f"job {_JOB_ID} not found"),
+    "403": ("Forbidden", "This route needs a token with the ops scope."),
     "409": ("Conflict", f"job {_JOB_ID} is succeeded"),
     "413": ("Request body too large", "The body is larger than 1048576 bytes."),
     "415": ("Unsupported media type", "Send the body as application/json."),
@@ -123,6 +124,8 @@ _ERRORS: dict[str, dict[str, Any]] = {
         "WWW-Authenticate": {"schema": {"type": "string", "const": "Bearer"}, "required": True}}),
     "404": _error("404", "No such object in the caller's org. Another org's objects, and "
                          "malformed ids, answer exactly like missing ones."),
+    "403": _error("403", "The token lacks the scope the route needs (`ops`), or a session cookie "
+                         "came from another origin or without X-SA-Session on a write."),
     "409": _error("409", "The object's state forbids the action (terminal job, or a job still "
                          "active)."),
     "413": _error("413", "The body is larger than SA_MAX_BODY_BYTES (default 1 MiB)."),
@@ -221,6 +224,24 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "additionalProperties": False,
             "properties": {"prompt_id": _UUID, "job_id": _UUID,
                            "state": {"type": "string", "const": JobState.QUEUED.value}},
+        },
+        "Session": {
+            "type": "object",
+            "description": "Whom the request acts for; `expires_at` when a session was opened.",
+            "required": ["org_id", "user_id", "scopes"],
+            "properties": {"org_id": {"type": "integer"}, "user_id": {"type": "integer"},
+                           "scopes": {"type": "array", "items": {"type": "string",
+                                                                 "enum": ["ops"]}},
+                           "expires_at": _TIME},
+        },
+        "OpsOverview": {
+            "type": "object",
+            "description": "Every org's queue: `metrics` as `sa-core queue-metrics --json` over the "
+                           "last hour, `running` and `failures` as `sa-core list-jobs --json`.",
+            "required": ["as_of", "metrics", "running", "failures"],
+            "properties": {"as_of": _TIME, "metrics": {"type": "object"},
+                           "running": {"type": "array", "items": {"type": "object"}},
+                           "failures": {"type": "array", "items": {"type": "object"}}},
         },
         "Retried": {
             "type": "object",
@@ -489,6 +510,54 @@ def _paths() -> dict[str, Any]:
             "requestBody": _NO_BODY,
             "responses": {"202": retried,
                           **_errors("400", "401", "404", "409", "413", "415", "422", "503")}}},
+        f"{api}/session": {
+            "post": {
+                "operationId": "openSession",
+                "summary": "Open the mission page's session: 201 and an HttpOnly cookie.",
+                "description": (
+                    "Takes the token from the Authorization header (never a cookie) and sets "
+                    "`sa_session` (HttpOnly, SameSite=Strict, Path=/sa-core/v1, at most 8 h and "
+                    "never past the token's expiry). The cookie then authenticates same-origin "
+                    "requests without a header; writes also need `X-SA-Session: 1`."),
+                "requestBody": _NO_BODY,
+                "responses": {"201": _json("The session is open.", _ref("Session"), {
+                    "org_id": 1, "user_id": 7, "scopes": [], "expires_at": _AT}),
+                    **_errors("400", "401", "403", "413", "415", "422", "503")}},
+            "get": {
+                "operationId": "getSession", "summary": "Whom the request acts for.",
+                "responses": {"200": _json("The caller.", _ref("Session"),
+                                           {"org_id": 1, "user_id": 7, "scopes": ["ops"]}),
+                              **_errors("401", "403", "503")}},
+            "delete": {
+                "operationId": "closeSession",
+                "summary": "End the cookie's session at once and drop the cookie.",
+                "responses": {"204": {"description": "Signed out."},
+                              **_errors("401", "403", "503")}}},
+        f"{api}/ops/overview": {"get": {
+            "operationId": "opsOverview",
+            "summary": "Every org's queue depth, oldest queued, running jobs and recent failures.",
+            "description": "Needs a token with the `ops` scope (`sa-core create-token --scope ops`).",
+            "responses": {"200": _json("The overview.", _ref("OpsOverview"), {
+                "as_of": _AT, "metrics": {}, "running": [], "failures": []}),
+                **_errors("401", "403", "503")}}},
+        f"{api}/ops/jobs/{{job_id}}/cancel": {"post": {
+            "operationId": "opsCancelJob", "summary": "Cancel any org's queued or running job.",
+            "description": "Needs the `ops` scope.",
+            "parameters": [_path_id("job_id", "job", _JOB_ID)],
+            "requestBody": _NO_BODY,
+            "responses": {"200": _json("The cancelled job.", _ref("Job"), {
+                **_JOB_EXAMPLE, "state": "cancelled", "response_id": None,
+                "error_message": "cancelled by operator user 7 of org 1"}),
+                **_errors("400", "401", "403", "404", "409", "413", "415", "422", "503")}}},
+        f"{api}/ops/jobs/{{job_id}}/retry": {"post": {
+            "operationId": "opsRetryJob",
+            "summary": "Queue a new job superseding any org's finished job.",
+            "description": "Needs the `ops` scope.",
+            "parameters": [_path_id("job_id", "job", _JOB_ID)],
+            "requestBody": _NO_BODY,
+            "responses": {"202": _json("The new job.", _ref("Retried"),
+                                       {**queued, "supersedes": _OLD_JOB_ID}),
+                          **_errors("400", "401", "403", "404", "409", "413", "415", "422", "503")}}},
         f"{api}/mission/recent": {"get": {
             "operationId": "missionRecent",
             "summary": "The viewer's prompts whose jobs changed, a page at a time.",

@@ -121,6 +121,20 @@ def cli(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> Callable[[list[s
 
 
 @pytest.fixture
+def hub(pool: ConnectionPool[DictConnection], settings: Settings) -> Iterator[EventHub]:
+    """The app's hub, reading every 50 ms without LISTEN (see the wake-up test for LISTEN)."""
+    hub = EventHub.from_settings(pool, replace(settings, listen=False))
+    yield hub
+    hub.stop()
+
+
+@pytest.fixture
+def app(settings: Settings, pool: ConnectionPool[DictConnection],
+        hub: EventHub) -> falcon.App[falcon.Request, falcon.Response]:
+    return create_app(settings, pool, hub=hub)
+
+
+@pytest.fixture
 def client(settings: Settings,
            pool: ConnectionPool[DictConnection]) -> Iterator[falcon.testing.TestClient]:
     # NOTE: the app's event hub starts on the first /mission read; stopped here so no test

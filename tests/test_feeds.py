@@ -64,19 +64,6 @@ def hub_caught_up(hub: EventHub, pool: ConnectionPool[DictConnection]) -> bool:
 
 
 @pytest.fixture
-def hub(pool: ConnectionPool[DictConnection], settings: Settings) -> Iterator[EventHub]:
-    hub = EventHub.from_settings(pool, replace(settings, listen=False))
-    yield hub
-    hub.stop()
-
-
-@pytest.fixture
-def app(settings: Settings, pool: ConnectionPool[DictConnection],
-        hub: EventHub) -> falcon.App[falcon.Request, falcon.Response]:
-    return create_app(settings, pool, hub=hub)
-
-
-@pytest.fixture
 def feeds(app: falcon.App[falcon.Request, falcon.Response]) -> falcon.testing.TestClient:
     return falcon.testing.TestClient(app)
 

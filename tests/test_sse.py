@@ -157,20 +157,6 @@ def open_http_stream(base: str, headers: dict[str, str], query: str = "") -> Str
 # --- fixtures -----------------------------------------------------------------------------
 
 
-@pytest.fixture
-def hub(pool: ConnectionPool[DictConnection], settings: Settings) -> Iterator[EventHub]:
-    """The app's hub, reading every 50 ms without LISTEN (see the wake-up test for LISTEN)."""
-    hub = EventHub.from_settings(pool, replace(settings, listen=False))
-    yield hub
-    hub.stop()
-
-
-@pytest.fixture
-def app(settings: Settings, pool: ConnectionPool[DictConnection],
-        hub: EventHub) -> falcon.App[falcon.Request, falcon.Response]:
-    return create_app(settings, pool, hub=hub)
-
-
 def ready_hub(pool: ConnectionPool[DictConnection], **config: Any) -> EventHub:
     """A hub driven by hand (no thread, no LISTEN): each poll_once() is one read."""
     hub = EventHub(pool, HubConfig(poll_interval=60.0, **config))
@@ -438,9 +424,12 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def gunicorn(settings: Settings, tmp_path: Path, **env: str) -> Iterator[str]:
-    """Runs the web process exactly as the Procfile does (one gevent worker); yields its base URL."""
-    port = _free_port()
+def gunicorn(settings: Settings, tmp_path: Path, port: int | None = None, **env: str) -> Iterator[str]:
+    """Runs the web process exactly as the Procfile does (one gevent worker); yields its base URL.
+
+    A given `port` lets a test start the web again where its clients expect it.
+    """
+    port = port or _free_port()
     log = (tmp_path / f"gunicorn-{port}.log").open("wb")
     web = subprocess.Popen(
         [sys.executable, "-m", "gunicorn", "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],

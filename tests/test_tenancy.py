@@ -83,6 +83,12 @@ def _supersedes_the_owners_job(result: falcon.testing.Result, w: World) -> None:
     assert result.json["supersedes"] == w.done_job
 
 
+def _is_caller(org_id: int, user_id: int) -> Check:
+    def check(result: falcon.testing.Result, w: World) -> None:
+        assert (result.json["org_id"], result.json["user_id"]) == (org_id, user_id)
+    return check
+
+
 @dataclass(frozen=True)
 class Case:
     """One scoped route: what a stranger (org 2) and a teammate (org 1, user 11) get."""
@@ -124,12 +130,22 @@ CASES = [
          stranger_check=_sees_no_items, teammate_check=_sees_no_items),
     Case("poll the org's feed", "GET", f"{P}/mission/recent", f"{P}/mission/recent?scope=org",
          200, 200, stranger_check=_sees_no_items, teammate_check=_sees_items),
+    Case("see who I am", "GET", f"{P}/session", f"{P}/session", 200, 200,
+         stranger_check=_is_caller(2, 20), teammate_check=_is_caller(1, 11)),
+    Case("read the operator view without the ops scope", "GET", f"{P}/ops/overview",
+         f"{P}/ops/overview", 403, 403),
+    Case("cancel as an operator without the ops scope", "POST",
+         f"{P}/ops/jobs/{{job_id:uuid}}/cancel", f"{P}/ops/jobs/{{queued_job}}/cancel", 403, 403),
+    Case("retry as an operator without the ops scope", "POST",
+         f"{P}/ops/jobs/{{job_id:uuid}}/retry", f"{P}/ops/jobs/{{done_job}}/retry", 403, 403),
 ]
 
 # NOTE: the event stream never ends, so it is proven where streams are read concurrently:
 # tests/test_sse.py::test_a_client_never_sees_another_users_or_another_orgs_events (each
 # caller, teammate and stranger alike, receives its own jobs' events only).
-DELEGATED = {("GET", f"{P}/mission/events")}
+# Opening and closing a session acts on the caller's own token only, whatever its org:
+# tests/test_mission_auth.py proves a session acts for its own token's org and user, and ends.
+DELEGATED = {("GET", f"{P}/mission/events"), ("POST", f"{P}/session"), ("DELETE", f"{P}/session")}
 
 
 def _state(pool: ConnectionPool[DictConnection]) -> dict[str, Any]:

@@ -10,6 +10,11 @@ defense in depth, the digest the database returns is compared with the presented
 
 `Authenticator` may remember a valid token's caller for a short while (the web's hot path then
 skips the lookup's round trip); a revoke notifies every web process, which forgets it at once.
+
+A session (`open_session`) is a short-lived random id that acts for the token that opened it; the
+mission page keeps it in an HttpOnly cookie so that no script, and no URL, ever holds the token.
+It is stored as a digest too, and looked up on every request (no cache), so revoking the token or
+closing the session takes effect at once.
 """
 
 from __future__ import annotations
@@ -21,24 +26,34 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import session as session_q
 from jobqueue.core.queries import token as q
 
-__all__ = ["Authenticator", "Caller", "IssuedToken", "RevokedToken", "create_token", "hash_token",
-           "issue_token", "revoke_token"]
+__all__ = ["OPS_SCOPE", "SCOPES", "Authenticator", "Caller", "IssuedToken", "OpenedSession",
+           "RevokedToken", "close_session", "create_token", "hash_token", "issue_token",
+           "open_session", "revoke_token"]
 
 TOKEN_PREFIX = "sa_"
+
+OPS_SCOPE = "ops"
+"""Lets a token read and steer every org's jobs through /sa-core/v1/ops/ (the operator view)."""
+
+SCOPES = (OPS_SCOPE,)
+"""Every scope a token may carry (sa_api_token_scopes_known in 0011_token_scopes_sessions.sql)."""
 
 
 @dataclass(frozen=True)
 class Caller:
-    """Who a request acts for; every read and write is scoped to `org_id`."""
+    """Who a request acts for; every read and write is scoped to `org_id`, unless a scope widens it."""
 
     org_id: int
     user_id: int
+    scopes: frozenset[str] = frozenset()
 
 
 def hash_token(token: str) -> bytes:
@@ -52,11 +67,12 @@ def hash_token(token: str) -> bytes:
 
 @dataclass(frozen=True)
 class IssuedToken:
-    """A new token (the only time it exists in clear), its row id and its expiry."""
+    """A new token (the only time it exists in clear), its row id, its expiry and its scopes."""
 
     id: int
     token: str
     expires_at: datetime | None
+    scopes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +93,7 @@ def issue_token(
     *,
     label: str | None = None,
     expires_at: datetime | None = None,
+    scopes: tuple[str, ...] = (),
 ) -> IssuedToken:
     """Creates a bearer token for (org, user); only its hash is kept.
 
@@ -86,9 +103,10 @@ def issue_token(
         user_id: user the token acts as.
         label: free text for operators.
         expires_at: when the token stops working; None for never.
+        scopes: what the token may do beyond its org's prompts (SCOPES); none by default.
 
     Returns:
-        The token (to be shown once), with its id (for `revoke-token`) and expiry.
+        The token (to be shown once), with its id (for `revoke-token`), expiry and scopes.
     """
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     with pool.connection() as conn:
@@ -100,10 +118,12 @@ def issue_token(
                 "user_id": user_id,
                 "label": label,
                 "expires_at": expires_at,
+                "scopes": sorted(set(scopes)),
             },
         ).fetchone()
     assert row is not None
-    return IssuedToken(id=row["id"], token=token, expires_at=row["expires_at"])
+    return IssuedToken(id=row["id"], token=token, expires_at=row["expires_at"],
+                       scopes=tuple(row["scopes"]))
 
 
 def create_token(
@@ -149,7 +169,42 @@ def _lookup(pool: ConnectionPool[DictConnection], digest: bytes) -> tuple[Caller
         row = conn.execute(q.TOKEN_GET_ACTIVE, (digest,)).fetchone()
     if row is None or not hmac.compare_digest(bytes(row["token_hash"]), digest):
         return None
-    return Caller(org_id=row["org_id"], user_id=row["user_id"]), row["expires_in"]
+    return _caller(row), row["expires_in"]
+
+
+def _caller(row: dict[str, Any]) -> Caller:
+    return Caller(org_id=row["org_id"], user_id=row["user_id"], scopes=frozenset(row["scopes"]))
+
+
+@dataclass(frozen=True)
+class OpenedSession:
+    """A new session: its id (the cookie's value, the only time it exists in clear) and expiry."""
+
+    id: str
+    expires_at: datetime
+
+
+def open_session(pool: ConnectionPool[DictConnection], token: str,
+                 ttl: float) -> OpenedSession | None:
+    """Opens a session acting for `token`, for `ttl` seconds at most (never past the token's expiry).
+
+    Returns:
+        The session, or None when the token is not active (unknown, revoked or expired).
+    """
+    session_id = secrets.token_urlsafe(32)
+    with pool.connection() as conn:
+        row = conn.execute(session_q.SESSION_INSERT, {
+            "session_hash": hash_token(session_id), "token_hash": hash_token(token), "ttl": ttl,
+        }).fetchone()
+    if row is None:
+        return None
+    return OpenedSession(id=session_id, expires_at=row["expires_at"])
+
+
+def close_session(pool: ConnectionPool[DictConnection], session_id: str) -> None:
+    """Ends a session at once (sign-out); an unknown id is already ended."""
+    with pool.connection() as conn:
+        conn.execute(session_q.SESSION_DELETE, (hash_token(session_id),))
 
 
 class Authenticator:
@@ -196,6 +251,19 @@ class Authenticator:
             expiry = now + expires_in if expires_in is not None else float("inf")
             self._entries[digest] = (caller, now, expiry)
         return caller
+
+    def authenticate_session(self, session_id: str) -> tuple[Caller, bytes] | None:
+        """Returns the caller a session acts for and its token's digest, or None when the session
+        is unknown or expired, or its token no longer acts.
+
+        NOTE: never cached: a browser makes few requests (one stream, a poll while it is down),
+        and an uncached lookup makes sign-out and token revocation immediate.
+        """
+        with self._pool.connection() as conn:
+            row = conn.execute(session_q.SESSION_GET_ACTIVE, (hash_token(session_id),)).fetchone()
+        if row is None:
+            return None
+        return _caller(row), bytes(row["token_hash"])
 
     def forget(self, payload: str) -> None:
         """Drops a revoked token (TOKEN_REVOKED_CHANNEL's payload: its digest in hex)."""

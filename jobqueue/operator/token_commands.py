@@ -16,7 +16,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import NotFound
-from jobqueue.core.tokens import issue_token, revoke_token
+from jobqueue.core.tokens import SCOPES, issue_token, revoke_token
 from jobqueue.engine.idempotency import prune_expired_keys
 from jobqueue.operator.cli_pool import with_cli_pool
 
@@ -61,13 +61,16 @@ def _expiry(text: str) -> datetime:
 
 def _create_token(args: argparse.Namespace) -> int:
     def create(pool: ConnectionPool[DictConnection]) -> str:
-        issued = issue_token(pool, args.org, args.user, label=args.label, expires_at=args.expires)
+        issued = issue_token(pool, args.org, args.user, label=args.label, expires_at=args.expires,
+                             scopes=tuple(args.scope))
         expires = issued.expires_at.isoformat() if issued.expires_at is not None else None
         if args.json:
             return json.dumps({"token": issued.token, "id": issued.id, "org_id": args.org,
-                               "user_id": args.user, "expires_at": expires})
+                               "user_id": args.user, "expires_at": expires,
+                               "scopes": list(issued.scopes)})
         until = f", expires {expires}" if expires else ""
-        return (f"token {issued.id} for org {args.org}, user {args.user}{until} "
+        scoped = f", scopes {','.join(issued.scopes)}" if issued.scopes else ""
+        return (f"token {issued.id} for org {args.org}, user {args.user}{until}{scoped} "
                 f"(shown once): {issued.token}")
 
     return with_cli_pool(create)
@@ -107,8 +110,11 @@ def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     token.add_argument("--label", default=None)
     token.add_argument("--expires", type=_expiry, default=None, metavar="DURATION_OR_DATE",
                        help=f"the token stops working then: {_EXPIRES_HELP} (default: never)")
+    token.add_argument("--scope", action="append", choices=SCOPES, default=[],
+                       help="also allow this (repeatable): `ops` opens /mission/ops and "
+                            "/sa-core/v1/ops/ (every org's jobs); default: none")
     token.add_argument("--json", action="store_true",
-                       help='print {"token", "id", "org_id", "user_id", "expires_at"}')
+                       help='print {"token", "id", "org_id", "user_id", "expires_at", "scopes"}')
     token.set_defaults(func=_create_token)
 
     revoke = sub.add_parser(

@@ -33,7 +33,7 @@ def _is_date(text: str) -> bool:
     return True
 
 
-@pytest.mark.parametrize("year", [1, 4, 100, 400, 1900, 1996, 2000, 2023, 2024, 2100, 9996, 9999])
+@pytest.mark.parametrize("year", [0, 1, 4, 100, 400, 800, 1900, 1996, 2000, 2023, 2024, 2100, 9996, 9999])
 def test_since_pattern_allows_exactly_the_real_days_of_a_year(year: int) -> None:
     for month in range(0, 14):
         for day in range(0, 33):

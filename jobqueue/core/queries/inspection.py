@@ -80,8 +80,9 @@ SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outco
 
 # served by sa_job_org_user_state_idx (org_id, created_by, state) (0001_core_schema.sql) as an
 # index-only scan when the visibility map allows, else by a scan of sa_job. Either way it reads
-# every hot job once: an operator command, never on a request path; `archive-old-jobs` keeps the
-# hot table small.
+# every hot job once: an operator's read (the CLI, or the operator view's GET /ops/overview every
+# few seconds while it is open), never on a user's request path; `archive-old-jobs` keeps the hot
+# table small.
 JOB_COUNT_BY_ORG_STATE = """
 SELECT org_id, state, count(*) AS jobs
   FROM sa_job

@@ -14,16 +14,16 @@ is noticed when the cache entry's short lifetime ends.
 TOKEN_REVOKED_LISTEN = f"LISTEN {TOKEN_REVOKED_CHANNEL}"
 
 TOKEN_INSERT = """
-INSERT INTO sa_api_token (token_hash, org_id, user_id, label, expires_at)
-VALUES (%(token_hash)s, %(org_id)s, %(user_id)s, %(label)s, %(expires_at)s)
-RETURNING id, expires_at
+INSERT INTO sa_api_token (token_hash, org_id, user_id, label, expires_at, scopes)
+VALUES (%(token_hash)s, %(org_id)s, %(user_id)s, %(label)s, %(expires_at)s, %(scopes)s)
+RETURNING id, expires_at, scopes
 """
 
 # served by sa_api_token_hash_unique (token_hash). Returns the stored digest too, so the caller
 # can compare it with the presented one in constant time (see jobqueue.core.tokens.Authenticator), and
 # the seconds until it expires (NULL: never), which bound how long a cache may keep it.
 TOKEN_GET_ACTIVE = """
-SELECT org_id, user_id, token_hash,
+SELECT org_id, user_id, scopes, token_hash,
        extract(epoch FROM expires_at - now())::float8 AS expires_in
   FROM sa_api_token
  WHERE token_hash = %s

@@ -1,0 +1,40 @@
+"""Statements on sa_session: the mission page's short-lived browser sessions (migration 0011)."""
+
+__all__ = ["SESSION_DELETE", "SESSION_GET_ACTIVE", "SESSION_INSERT"]
+
+# served by sa_api_token_hash_unique (token_hash) for the token, and by sa_session_expires_idx
+# (expires_at) for the prune of expired sessions, which keeps the table as small as the number of
+# live sessions without a maintenance loop. A session never outlives its token's own expiry.
+# No row comes back when the token is not active (revoked or expired meanwhile).
+SESSION_INSERT = """
+WITH pruned AS (
+    DELETE FROM sa_session WHERE expires_at <= now()
+)
+INSERT INTO sa_session (session_hash, token_id, expires_at)
+SELECT %(session_hash)s, id,
+       least(now() + make_interval(secs => %(ttl)s), coalesce(expires_at, 'infinity'))
+  FROM sa_api_token
+ WHERE token_hash = %(token_hash)s
+   AND revoked_at IS NULL
+   AND (expires_at IS NULL OR expires_at > now())
+RETURNING expires_at
+"""
+
+# served by sa_session_pkey (session_hash), then sa_api_token_pkey (id). The token must still
+# act: revoking it ends its sessions at the next request. Returns the token's digest, by which
+# the SSE hub re-checks and caps streams (service/event_hub.py).
+SESSION_GET_ACTIVE = """
+SELECT t.org_id, t.user_id, t.scopes, t.token_hash,
+       extract(epoch FROM s.expires_at - now())::float8 AS expires_in
+  FROM sa_session s
+  JOIN sa_api_token t ON t.id = s.token_id
+ WHERE s.session_hash = %s
+   AND s.expires_at > now()
+   AND t.revoked_at IS NULL
+   AND (t.expires_at IS NULL OR t.expires_at > now())
+"""
+
+# served by sa_session_pkey (session_hash).
+SESSION_DELETE = """
+DELETE FROM sa_session WHERE session_hash = %s
+"""

@@ -1,0 +1,337 @@
+// The mission page: the viewer's prompts as drops, live over SSE, polling /mission/recent as fallback.
+//
+// One source of truth: /mission/recent, paged with its cursor from the start of the viewer's log,
+// so a reopened page shows everything that happened while it was closed. The event stream only
+// makes the page fast: each event updates its drop at once and asks for the next page. When the
+// stream fails, the page polls every POLL_MS and keeps trying the stream; the browser's own
+// reconnection sends Last-Event-ID, and the first event or `open` after it returns the page to live.
+import { $, API, announce, api, el, setConnection, setupSession } from "./api.js";
+
+const POLL_MS = 2000;
+const STREAM_RETRY_MS = 5000;
+const ACTIVE = new Set(["queued", "running"]);
+const STATE_CLASS = {
+  queued: "is-queued", running: "is-pending", succeeded: "is-settled", failed: "is-orphan",
+  cancelled: "is-cancelled", superseded: "is-superseded",
+};
+
+const items = new Map();   // prompt_id -> item (a /mission/recent item)
+const drops = new Map();   // prompt_id -> <li>
+let cursor = null;
+let syncing = false;
+let again = false;
+let stream = null;
+let streamOpenedAt = 0;
+let pollTimer = null;
+let threadOf = null;
+
+function short(text, n = 60) {
+  const flat = (text || "").replace(/\s+/g, " ").trim();
+  return flat.length > n ? `${flat.slice(0, n - 1)}…` : flat;
+}
+
+// NOTE: a session that ended (401) reloads the page: nothing of this viewer stays on screen for
+// whoever signs in next.
+function failed(err) {
+  if (err.status === 401) { closeStream(); stopPolling(); location.reload(); return true; }
+  return false;
+}
+
+// ---- the field of drops ----------------------------------------------------------------------
+
+function renderDrop(item) {
+  let li = drops.get(item.prompt_id);
+  const fresh = !li;
+  if (fresh) {
+    li = el("li", { class: "drop", "data-prompt-id": item.prompt_id, tabindex: "-1" });
+    drops.set(item.prompt_id, li);
+  }
+  li.className = `drop ${STATE_CLASS[item.state] || ""}`;
+  li.dataset.state = item.state;
+  li.dataset.jobId = item.job_id;
+  const attempts = item.attempt ? `attempt ${item.attempt} of ${item.max_attempts}` : null;
+  const actions = el("div", { class: "actions" });
+  if (ACTIVE.has(item.state)) {
+    actions.append(el("button", { type: "button", class: "cancel", text: "Cancel",
+      "aria-label": `Cancel “${short(item.text, 30)}”`, onclick: () => cancel(item) }));
+  }
+  if (item.state === "failed") {
+    actions.append(el("button", { type: "button", class: "retry chip", text: "Retry",
+      "aria-label": `Retry “${short(item.text, 30)}”`, onclick: () => retry(item) }));
+  }
+  if (item.state === "succeeded") {
+    actions.append(el("button", { type: "button", class: "continue quiet", text: "Continue",
+      onclick: () => continueThread(item) }));
+  }
+  if (item.parent_id || childrenOf(item.prompt_id).length) {
+    actions.append(el("button", { type: "button", class: "thread-open quiet", text: "Thread",
+      onclick: () => showThread(item.prompt_id) }));
+  }
+  const error = item.error_kind && item.state !== "succeeded"
+    ? el("p", { class: "error-text" }, el("strong", { text: item.error_kind }),
+      item.error_message ? `: ${item.error_message}` : "")
+    : null;
+  li.replaceChildren(...[
+    el("div", { class: "drop-head" },
+      el("span", { class: "state", text: item.state }),
+      attempts ? el("span", { class: "attempts", text: attempts }) : null,
+      item.parent_id ? el("span", { class: "continues", text: "continues a thread" }) : null,
+      el("time", { datetime: item.created_at, text: new Date(item.created_at).toLocaleString() })),
+    el("p", { class: "prompt-text", text: item.text }),
+    item.response_text ? el("p", { class: "response-text", text: item.response_text }) : null,
+    error,
+    actions].filter(Boolean));
+  if (fresh) place(li, item);
+  $("empty").hidden = drops.size > 0;
+}
+
+function place(li, item) {
+  const field = $("field");
+  for (const other of field.children) {
+    const o = items.get(other.dataset.promptId);
+    if (o && o.created_at < item.created_at) { field.insertBefore(li, other); return; }
+  }
+  field.append(li);
+}
+
+function childrenOf(promptId) {
+  return [...items.values()].filter((i) => i.parent_id === promptId);
+}
+
+function merge(item) {
+  const before = items.get(item.prompt_id);
+  items.set(item.prompt_id, { ...before, ...item });
+  renderDrop(items.get(item.prompt_id));
+  if (item.parent_id && items.has(item.parent_id)) renderDrop(items.get(item.parent_id));
+  if (before && before.state !== item.state) {
+    announce(`“${short(item.text, 40)}” is now ${item.state}${item.error_kind ? ` (${item.error_kind})` : ""}.`);
+  }
+  if (threadOf) renderThread();
+}
+
+// An event moves its drop before the page that confirms it arrives.
+function hint(event) {
+  const item = items.get(event.prompt_id);
+  if (!item) return;
+  if (event.from_state === null) item.job_id = event.job_id;
+  if (event.job_id !== item.job_id) return;
+  merge({ ...item, state: event.to_state, attempt: event.attempt, error_kind: event.error_kind });
+}
+
+// ---- keeping up: /mission/recent by cursor ------------------------------------------------------
+
+async function sync() {
+  if (syncing) { again = true; return; }
+  syncing = true;
+  try {
+    do {
+      again = false;
+      let more = true;
+      while (more) {
+        const query = new URLSearchParams({ limit: "500" });
+        if (cursor) query.set("cursor", cursor);
+        const page = await api("GET", `/mission/recent?${query}`);
+        for (const item of page.items) merge(item);
+        cursor = page.next_cursor;
+        more = page.has_more;
+      }
+    } while (again);
+  } finally {
+    syncing = false;
+  }
+}
+
+function openStream() {
+  closeStream();
+  streamOpenedAt = Date.now();
+  const source = new EventSource(`${API}/mission/events`);
+  source.addEventListener("open", () => {
+    setConnection("live");
+    stopPolling();
+    // NOTE: catches up whatever happened between the last page and this stream's start.
+    sync().catch(failed);
+  });
+  source.addEventListener("job.state_changed", (message) => {
+    hint(JSON.parse(message.data));
+    sync().catch(failed);
+  });
+  source.addEventListener("error", () => {
+    // NOTE: CONNECTING means the browser retries by itself (with Last-Event-ID); CLOSED means it
+    // gave up (an error status), and the poll loop opens a new stream later.
+    if (source.readyState === EventSource.CLOSED && stream === source) stream = null;
+    startPolling();
+  });
+  stream = source;
+}
+
+function closeStream() {
+  if (stream) stream.close();
+  stream = null;
+}
+
+function startPolling() {
+  if (pollTimer !== null) return;
+  setConnection("polling", $("conn").dataset.reachable === "true");
+  const tick = async () => {
+    let reachable = true;
+    try {
+      await sync();
+    } catch (err) {
+      if (failed(err)) return;
+      reachable = false;
+    }
+    // NOTE: the stream may have come back while this poll was under way; it has the last word.
+    if (pollTimer === null) return;
+    setConnection("polling", reachable);
+    if (stream === null && Date.now() - streamOpenedAt > STREAM_RETRY_MS) openStream();
+    pollTimer = setTimeout(tick, POLL_MS);
+  };
+  pollTimer = setTimeout(tick, 0);
+}
+
+function stopPolling() {
+  clearTimeout(pollTimer);
+  pollTimer = null;
+}
+
+// ---- actions --------------------------------------------------------------------------------
+
+async function cancel(item) {
+  try {
+    await api("POST", `/jobs/${item.job_id}/cancel`);
+  } catch (err) {
+    if (!failed(err)) announce(`Could not cancel: ${err.message}`);
+  }
+  sync().catch(failed);
+}
+
+async function retry(item) {
+  try {
+    const job = await api("POST", `/prompts/${item.prompt_id}/retry`);
+    merge({ ...item, job_id: job.job_id, state: job.state, error_kind: null, error_message: null });
+  } catch (err) {
+    if (!failed(err)) announce(`Could not retry: ${err.message}`);
+  }
+  sync().catch(failed);
+}
+
+function continueThread(item) {
+  $("parent-row").hidden = false;
+  $("parent-row").dataset.parentId = item.prompt_id;
+  $("parent-label").textContent = short(item.text, 50);
+  $("text").focus();
+}
+
+function clearParent() {
+  $("parent-row").hidden = true;
+  delete $("parent-row").dataset.parentId;
+}
+
+async function submit(event) {
+  event.preventDefault();
+  const text = $("text").value;
+  if (!text.trim()) return;
+  const body = { text };
+  const parent = $("parent-row").dataset.parentId;
+  if (parent) body.parent_id = parent;
+  $("compose-error").textContent = "";
+  try {
+    const done = await api("POST", "/prompt", { body });
+    $("text").value = "";
+    clearParent();
+    if (!items.has(done.prompt_id)) {
+      merge({ prompt_id: done.prompt_id, job_id: done.job_id, state: done.state, text,
+              parent_id: parent || null, created_at: new Date().toISOString() });
+    }
+    announce(`Sent: “${short(text, 40)}” is queued.`);
+    sync().catch(failed);
+  } catch (err) {
+    if (!failed(err)) $("compose-error").textContent = `Not sent: ${err.message}`;
+  }
+}
+
+// ---- the thread view: parent links up to the root, then every reply below -------------------
+
+async function ancestors(promptId) {
+  const chain = [];
+  let id = promptId;
+  while (id) {
+    let item = items.get(id);
+    if (!item) {
+      // NOTE: a parent older than the page's log (archived, or another user's) is read once.
+      try {
+        const found = await api("GET", `/prompts/${id}`);
+        const job = found.jobs[0] || {};
+        item = { prompt_id: id, parent_id: found.prompt.parent_id, text: found.prompt.content,
+                 state: job.state, response_text: found.response ? found.response.content : null };
+      } catch {
+        break;
+      }
+    }
+    chain.unshift(item);
+    id = item.parent_id;
+  }
+  return chain;
+}
+
+function threadEntry(item, depth) {
+  return el("li", { class: `thread-item ${STATE_CLASS[item.state] || ""}`, "data-depth": String(Math.min(depth, 6)),
+                    "data-prompt-id": item.prompt_id },
+    el("p", { class: "prompt-text", text: item.text }),
+    item.response_text ? el("p", { class: "response-text", text: item.response_text }) : null,
+    el("span", { class: "state", text: item.state || "unknown" }));
+}
+
+async function renderThread() {
+  const target = threadOf;
+  const chain = await ancestors(target);
+  if (threadOf !== target) return;
+  const list = $("thread-list");
+  const entries = chain.map((item, depth) => threadEntry(item, depth));
+  const below = (id, depth) => {
+    for (const child of childrenOf(id).sort((a, b) => (a.created_at < b.created_at ? -1 : 1))) {
+      entries.push(threadEntry(child, depth));
+      below(child.prompt_id, depth + 1);
+    }
+  };
+  below(target, chain.length);
+  list.replaceChildren(...entries);
+}
+
+async function showThread(promptId) {
+  threadOf = promptId;
+  $("thread").hidden = false;
+  await renderThread();
+  $("thread").focus();
+}
+
+function closeThread() {
+  const from = threadOf;
+  threadOf = null;
+  $("thread").hidden = true;
+  if (from && drops.has(from)) drops.get(from).focus();
+}
+
+// ---- start ----------------------------------------------------------------------------------
+
+async function begin() {
+  $("app").hidden = false;
+  setConnection("connecting");
+  try {
+    await sync();
+  } catch (err) {
+    if (failed(err)) return;
+  }
+  openStream();
+}
+
+$("compose").addEventListener("submit", submit);
+$("text").addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("compose").requestSubmit();
+});
+$("parent-clear").addEventListener("click", clearParent);
+$("thread-close").addEventListener("click", closeThread);
+document.addEventListener("keydown", (event) => {
+  if (event.key === "Escape" && threadOf) closeThread();
+});
+setupSession(begin);
