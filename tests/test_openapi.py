@@ -78,6 +78,7 @@ class AppUnderTest:
     target: Any = None
     token: str | None = None
     prompt_id: str | None = None
+    waiting_job_id: str | None = None
     reset: Any = None
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -120,6 +121,8 @@ def _known_prompt(body: Any) -> Any:
         return body
     if isinstance(body.get("parent_id"), str) and UUID_RE.fullmatch(body["parent_id"]):
         body = {**body, "parent_id": APP.prompt_id}
+    if isinstance(body.get("after"), str) and UUID_RE.fullmatch(body["after"]):
+        body = {**body, "after": APP.waiting_job_id}
     if isinstance(body.get("run_at"), str) and INSTANT_RE.fullmatch(body["run_at"]):
         body = {**body, "run_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
     return body
@@ -127,8 +130,8 @@ def _known_prompt(body: Any) -> Any:
 
 def _known_state(case: Any) -> None:
     """Makes real what only the database or the clock can vouch for, on POST /prompt and POST
-    /prompts/batch: a well-formed `parent_id` names the test's own prompt (a made-up one is a 422
-    by design), a well-formed `run_at` is an hour ahead (a past one is a 422 by design), and a
+    /prompts/batch: a well-formed `parent_id` names the test's own prompt and `after` its queued
+    job (a made-up one is a 422 by design), a well-formed `run_at` is an hour ahead (a past one is a 422 by design), and a
     well-formed Idempotency-Key is a fresh one (reused with another body it is a 422 by design).
     These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
     tests/test_idempotency.py. A well-formed `Prefer: wait=N` becomes wait=0: with no worker
@@ -206,11 +209,15 @@ def app_under_test(settings: Settings, pool: ConnectionPool[DictConnection],
                                          headers=auth)
         client.simulate_post(f"{API_PREFIX}/jobs/{submitted.json['job_id']}/cancel", headers=auth)
         APP.prompt_id = submitted.json["prompt_id"]
+        # NOTE: a job still queued (due in an hour), for `after` to name.
+        waiting = client.simulate_post(f"{API_PREFIX}/prompt",
+                                       json={"text": "later", "delay_seconds": 3600}, headers=auth)
+        APP.waiting_job_id = waiting.json["job_id"]
 
     APP.target, APP.token, APP.reset = app, auth["Authorization"].split()[1], reset
     reset()
     yield APP
-    APP.target = APP.token = APP.prompt_id = APP.reset = None
+    APP.target = APP.token = APP.prompt_id = APP.waiting_job_id = APP.reset = None
     hub.stop()
 
 
