@@ -132,7 +132,8 @@ def _known_state(case: Any) -> None:
     """Makes real what only the database or the clock can vouch for, on POST /prompt and POST
     /prompts/batch: a well-formed `parent_id` names the test's own prompt and `after` its queued
     job (a made-up one is a 422 by design), a well-formed `run_at` is an hour ahead (a past one
-    is a 422 by design), and a well-formed Idempotency-Key is a fresh one (reused with another body it is a 422 by design).
+    is a 422 by design), and a well-formed Idempotency-Key is a fresh one (reused with another
+    body it is a 422 by design).
     These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
     tests/test_idempotency.py. A well-formed `Prefer: wait=N` becomes wait=0: with no worker
     here, every call would hold N seconds (waiting is tested in tests/test_wait.py)."""
