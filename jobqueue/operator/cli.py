@@ -84,6 +84,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         concurrency=args.concurrency, batch_size=args.batch_size,
         priority_ceiling=args.priority_ceiling, org_max_running=settings.org_max_running,
+        priority_aging=settings.priority_aging,
         poll_interval=settings.poll_interval,
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )

@@ -91,20 +91,61 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
        set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 """
 
-# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
-# (0001_core_schema.sql), walked in claim order and stopped after LIMIT (under
-# JOB_PLAN_SETTINGS), then sa_job_pkey for the update. SKIP LOCKED keeps concurrent claimers
-# disjoint; LIMIT is the caller's free slots, so a worker never holds a job it cannot start.
+# Fair sharing: within a priority, orgs take turns. `orgs` lists the orgs with queued work by a
+# loose index scan of sa_job_org_queued_idx (org_id) WHERE state = 'queued' (0004), one probe
+# per org; `heads` reads each org's first `limit` claimable jobs in (priority, scheduled_for)
+# order from sa_job_org_claim_idx (org_id, priority, scheduled_for) WHERE state = 'queued'
+# (0014), numbering them per priority (`turn`, from the index order: no sort of the backlog);
+# `picked` takes, most urgent priority first, every org's first turn, then every org's second,
+# ..., oldest first within a turn, up to the caller's free slots, and locks them by sa_job_pkey.
+# SKIP LOCKED keeps concurrent claimers disjoint (a head another claimer holds is skipped, not
+# replaced: that claim takes fewer, and the next round more).
+# Priority aging: a job due for `aging` seconds or more comes before every priority (`aged`,
+# the oldest due jobs, from sa_job_due_idx (scheduled_for) WHERE state = 'queued', 0014), so
+# low-priority work waits at most about that long behind a flood of urgent work. (An aged job
+# may also be among its org's heads: = ANY reads it once, the batch is one smaller.)
+# PERF: reads at most (orgs with queued work + 1) x `limit` index entries and sorts only those, so
+# its cost grows with the number of orgs waiting, never with the backlog (tests/test_plans.py,
+# bench/fairness.py). Run under JOB_PLAN_SETTINGS.
 JOB_CLAIM_MANY = (
     """
-WITH picked AS (
-    SELECT id
-      FROM sa_job
-     WHERE state = 'queued'
-       AND priority <= %(ceiling)s
-       AND scheduled_for <= now()
-     ORDER BY priority, scheduled_for
-     LIMIT %(limit)s
+WITH RECURSIVE orgs AS (
+    (SELECT org_id FROM sa_job WHERE state = 'queued' ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.org_id FROM sa_job j
+             WHERE j.state = 'queued' AND j.org_id > orgs.org_id
+             ORDER BY j.org_id LIMIT 1)
+      FROM orgs
+     WHERE orgs.org_id IS NOT NULL
+), heads AS (
+    SELECT head.id, head.priority, head.scheduled_for, head.turn
+      FROM orgs
+     CROSS JOIN LATERAL (
+           SELECT j.id, j.priority, j.scheduled_for,
+                  row_number() OVER (PARTITION BY j.priority ORDER BY j.scheduled_for) AS turn
+             FROM sa_job j
+            WHERE j.state = 'queued'
+              AND j.org_id = orgs.org_id
+              AND j.priority <= %(ceiling)s
+              AND j.scheduled_for <= now()
+            ORDER BY j.priority, j.scheduled_for
+            LIMIT %(limit)s) AS head
+    UNION ALL
+    SELECT aged.id, -1, aged.scheduled_for, 0
+      FROM (SELECT j.id, j.scheduled_for
+              FROM sa_job j
+             WHERE j.state = 'queued'
+               AND j.scheduled_for <= now() - make_interval(secs => %(aging)s)
+               AND j.priority <= %(ceiling)s
+             ORDER BY j.scheduled_for
+             LIMIT %(limit)s) AS aged
+), picked AS (
+    SELECT j.id
+      FROM sa_job j
+     WHERE j.id = ANY (ARRAY(SELECT heads.id FROM heads
+                              ORDER BY heads.priority, heads.turn, heads.scheduled_for
+                              LIMIT %(limit)s))
+       AND j.state = 'queued'
        FOR UPDATE SKIP LOCKED
 )
 """
