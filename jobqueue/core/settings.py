@@ -27,7 +27,8 @@ class SettingsError(ValueError):
 
 
 DEFAULT_PRIORITY_AGING = 300.0
-"""Seconds a due job waits before the claim takes it ahead of every priority (SA_PRIORITY_AGING)."""
+"""Seconds after which a due job at the head of its org's queue ranks before every priority
+(SA_PRIORITY_AGING)."""
 
 
 def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:

@@ -85,9 +85,7 @@ CREATE TRIGGER sa_job_rearm_dependents AFTER INSERT ON sa_job
     EXECUTE FUNCTION sa_job_rearm_dependents();
 
 -- Fair sharing: the claim (JOB_CLAIM_MANY) reads each org's claimable jobs in claim order, so
--- orgs take turns within a priority at a cost bounded by the orgs waiting, not the backlog.
+-- orgs take turns within a priority (and among jobs aged past SA_PRIORITY_AGING) at a cost
+-- bounded by the orgs waiting, not the backlog.
 CREATE INDEX sa_job_org_claim_idx ON sa_job (org_id, priority, scheduled_for)
     WHERE state = 'queued';
--- Priority aging: the claim also takes the oldest due jobs, whatever their priority, once they
--- have waited SA_PRIORITY_AGING seconds.
-CREATE INDEX sa_job_due_idx ON sa_job (scheduled_for) WHERE state = 'queued';

@@ -100,11 +100,11 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 # ..., oldest first within a turn, up to the caller's free slots, and locks them by sa_job_pkey.
 # SKIP LOCKED keeps concurrent claimers disjoint (a head another claimer holds is skipped, not
 # replaced: that claim takes fewer, and the next round more).
-# Priority aging: a job due for `aging` seconds or more comes before every priority (`aged`,
-# the oldest due jobs, from sa_job_due_idx (scheduled_for) WHERE state = 'queued', 0014), so
-# low-priority work waits at most about that long behind a flood of urgent work. (An aged job
-# may also be among its org's heads: = ANY reads it once, the batch is one smaller.)
-# PERF: reads at most (orgs with queued work + 1) x `limit` index entries and sorts only those, so
+# Priority aging: among those heads, one due for `aging` seconds or more ranks before every
+# priority (`rank` -1), still taking turns with the other orgs' aged heads, so another org's
+# low-priority work waits about that long at most behind a flood of urgent work. An org's own
+# low-priority jobs stay behind its own more urgent ones (they are not among its heads).
+# PERF: reads at most (orgs with queued work) x `limit` index entries and sorts only those, so
 # its cost grows with the number of orgs waiting, never with the backlog (tests/test_plans.py,
 # bench/fairness.py). Run under JOB_PLAN_SETTINGS.
 JOB_CLAIM_MANY = (
@@ -118,7 +118,9 @@ WITH RECURSIVE orgs AS (
       FROM orgs
      WHERE orgs.org_id IS NOT NULL
 ), heads AS (
-    SELECT head.id, head.priority, head.scheduled_for, head.turn
+    SELECT head.id, head.scheduled_for, head.turn,
+           CASE WHEN head.scheduled_for <= now() - make_interval(secs => %(aging)s) THEN -1
+                ELSE head.priority END AS rank
       FROM orgs
      CROSS JOIN LATERAL (
            SELECT j.id, j.priority, j.scheduled_for,
@@ -130,20 +132,11 @@ WITH RECURSIVE orgs AS (
               AND j.scheduled_for <= now()
             ORDER BY j.priority, j.scheduled_for
             LIMIT %(limit)s) AS head
-    UNION ALL
-    SELECT aged.id, -1, aged.scheduled_for, 0
-      FROM (SELECT j.id, j.scheduled_for
-              FROM sa_job j
-             WHERE j.state = 'queued'
-               AND j.scheduled_for <= now() - make_interval(secs => %(aging)s)
-               AND j.priority <= %(ceiling)s
-             ORDER BY j.scheduled_for
-             LIMIT %(limit)s) AS aged
 ), picked AS (
     SELECT j.id
       FROM sa_job j
      WHERE j.id = ANY (ARRAY(SELECT heads.id FROM heads
-                              ORDER BY heads.priority, heads.turn, heads.scheduled_for
+                              ORDER BY heads.rank, heads.turn, heads.scheduled_for
                               LIMIT %(limit)s))
        AND j.state = 'queued'
        FOR UPDATE SKIP LOCKED
