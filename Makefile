@@ -48,11 +48,11 @@ run: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy jobqueue service
+	$(VENV)/bin/mypy jobqueue sa_core service
 
 test: lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BOOTSTRAP) .mypy_cache .ruff_cache .pytest_cache
-	find jobqueue service tests bench ops -name __pycache__ -type d -prune -exec rm -rf {} +
+	find jobqueue sa_core service tests bench ops -name __pycache__ -type d -prune -exec rm -rf {} +

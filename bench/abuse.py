@@ -1,6 +1,6 @@
 """A normal client's POST /prompt latency while hostile clients lean on the Procfile's web.
 
-Against gunicorn exactly as the Procfile's `web:` line runs it (ops/gunicorn.conf.py: gevent,
+Against gunicorn exactly as the Procfile's `web:` line runs it (service/gunicorn_conf.py: gevent,
 WEB_CONCURRENCY=2, SA_WEB_CONNECTIONS=1000 per process), on a scratch database:
 
 - `--slow` slow-body connections (1,000): POST /prompt with the abuser's valid token, a

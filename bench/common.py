@@ -77,7 +77,8 @@ def web_server(env: dict[str, str], port: int) -> Iterator[subprocess.Popen[byte
 
     `env` carries DATABASE_URL (and any other setting); yields the gunicorn master process.
     """
-    web = spawn([str(VENV_BIN / "gunicorn"), "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
+    web = spawn([str(VENV_BIN / "gunicorn"), "-c", "python:service.gunicorn_conf",
+                 "service.app:create_app()"],
                 {**env, "PORT": str(port)})
     try:
         wait_http(f"http://127.0.0.1:{port}/readyz")

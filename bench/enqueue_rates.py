@@ -3,7 +3,7 @@
 Usage: .venv/bin/python -m bench.enqueue_rates [--rates 100,300,1000,max] [--seconds 5]
        [--warmup 1] [--rounds 1] [--open-connections 64] [--connections 32] [--generators 1]
 
-gunicorn runs exactly as the Procfile's `web:` line (ops/gunicorn.conf.py: gevent, 2 processes)
+gunicorn runs exactly as the Procfile's `web:` line (service/gunicorn_conf.py: gevent, 2 processes)
 on a scratch database. The load comes from separate generator processes (this module with
 `--generate`), so no generator shares a GIL with this script or the server. A generator is one
 thread driving keep-alive sockets with a selector and prepared request bytes: it costs a few

@@ -3,7 +3,7 @@
 Usage: .venv/bin/python -m bench.sustained [--rate 500] [--seconds 300] [--report-every 10]
        .venv/bin/python -m bench.sustained --rates 300,500,700,900 [--seconds 60]
 
-Real processes, as the Procfile runs them: gunicorn -c ops/gunicorn.conf.py (gevent, 2 processes),
+Real processes, as the Procfile runs them: gunicorn -c python:service.gunicorn_conf (gevent, 2 processes),
 one `sa-core run-worker` at its default concurrency, and `sa-core fake-provider` answering at
 once, on a scratch database. The load comes from one child process (this module with
 `--generate`) that reuses bench/enqueue_rates.py's one-thread selector driver with prepared

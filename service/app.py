@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+from functools import partial
 from typing import Any
 
 import falcon
@@ -10,8 +11,10 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
+from jobqueue.core.exposition import ProcessFigures
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
 from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
@@ -28,6 +31,7 @@ from service.middleware_security import (
 )
 from service.openapi import OPENAPI_PATH, OpenApiDocument, build_openapi
 from service.resources.control import JobCancel, PromptRetry
+from service.resources.docs import DOCS_PATH, STYLESHEET_PATH, ApiDocs, ApiDocsStylesheet
 from service.resources.events import MissionEvents
 from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
@@ -81,6 +85,14 @@ _HEARD_TTL = 60.0
 """Seconds a valid token stays remembered while revocations are heard (see Authenticator)."""
 
 
+_FIGURES_INTERVAL = 5.0
+"""Seconds between refreshes of a web process's own gauges (pool, open streams)."""
+
+
+def _report_streams(hub: EventHub) -> None:
+    metrics.SSE_STREAMS_OPEN.set(hub.subscriber_count)
+
+
 def _caching_authenticator(pool: ConnectionPool[DictConnection],
                            settings: Settings) -> Authenticator:
     """An Authenticator that remembers valid tokens, told of revocations by a LISTEN.
@@ -117,9 +129,10 @@ def create_app(
     """
     configure_logging()
     settings = settings or Settings.from_env()
+    owns_pool = pool is None
     if pool is None:
         pool = open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
-                         checkout_timeout=5.0)
+                         checkout_timeout=5.0, prepare=settings.prepared_statements)
         # NOTE: closed at exit, not left to the garbage collector: under gevent a pool finalized
         # during interpreter shutdown fails to join its worker threads and prints a traceback.
         atexit.register(pool.close)
@@ -144,9 +157,15 @@ def create_app(
 
     app.add_route("/healthz", Health())
     app.add_route("/readyz", Ready(pool))
-    app.add_route("/metrics", Metrics(pool))
-    app.add_route(OPENAPI_PATH, OpenApiDocument(document))
     hub = hub or EventHub.from_settings(pool, settings)
+    figures = ProcessFigures().add_pool(pool).add(partial(_report_streams, hub))
+    if owns_pool:
+        # NOTE: keeps the files of the processes a scrape does not reach current (exposition.py).
+        figures.start(_FIGURES_INTERVAL)
+    app.add_route("/metrics", Metrics(pool, figures))
+    app.add_route(OPENAPI_PATH, OpenApiDocument(document))
+    app.add_route(DOCS_PATH, ApiDocs(document))
+    app.add_route(STYLESHEET_PATH, ApiDocsStylesheet())
     app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings, hub))
     app.add_route(f"{API_PREFIX}/prompts/batch", PromptBatch(pool, settings))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))

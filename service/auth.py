@@ -16,8 +16,9 @@ __all__ = ["API_PREFIX", "PAGE_ROUTES", "PUBLIC_ROUTES", "QUERY_TOKEN_PARAM", "Q
 
 API_PREFIX = "/sa-core/v1"
 
-PAGE_ROUTES = frozenset({"/mission", "/mission/ops", "/mission/assets/{name}"})
-"""The mission pages and their static assets: the same files for everyone, no data in them."""
+PAGE_ROUTES = frozenset({"/mission", "/mission/ops", "/mission/assets/{name}", "/docs", "/docs/docs.css"})
+"""The HTML pages (the mission pages, the API reference) and their static assets: the same for
+everyone, no data in them."""
 
 PUBLIC_ROUTES = frozenset({"/healthz", "/readyz", "/metrics", f"{API_PREFIX}/openapi.json",
                            *PAGE_ROUTES})

@@ -236,7 +236,7 @@ def test_gunicorn_with_two_processes_reports_every_processs_traffic_in_each_scra
     token = create_token(pool, 5, 50)
     headers = {"Authorization": f"Bearer {token}"}
     log = tmp_path / "web.log"
-    with _process([sys.executable, "-m", "gunicorn", "-c", "ops/gunicorn.conf.py",
+    with _process([sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf",
                    "service.app:create_app()"], env, log) as web:
         wait_for(lambda: web.poll() is None and (r := _get(f"{base}/readyz")) is not None
                  and r.status_code == 200, timeout=30, interval=0.1)
@@ -281,6 +281,22 @@ def test_gunicorn_with_two_processes_reports_every_processs_traffic_in_each_scra
         assert value(samples, "sa_job_transitions_total", from_state="queued", to_state="cancelled") == 1
         assert value(samples, "sa_job_queue_depth", state="queued") == sent - 1
 
+        # Both processes report their own pool (one series per pid), the streams they hold
+        # open, and which build runs; no worker-only family is shown empty.
+        with httpx.stream("GET", f"{base}{API}/mission/events", headers=headers, timeout=10) as stream:
+            assert stream.status_code == 200
+
+            def streams_open() -> float:
+                return value(parse(httpx.get(f"{base}/metrics", timeout=10).text), "sa_sse_streams_open")
+
+            wait_for(lambda: streams_open() == 1, timeout=15, interval=0.2)
+        page = httpx.get(f"{base}/metrics", timeout=10).text
+        pools = [labels for (name, labels) in parse(page)
+                 if name == "sa_db_pool_connections" and ("state", "max") in labels]
+        assert len(pools) == 2 and all(("pool", "web") in labels for labels in pools), pools
+        assert [s for s in parse(page) if s[0] == "sa_build_info"] != []
+        assert "sa_worker_slots" not in page
+
     lines = _log_lines(log)
     request = [line for line in lines if line["event"] == "http.request"
                and line.get("request_id") == "trace-me-1"]
@@ -320,6 +336,18 @@ def test_a_worker_serves_its_own_metrics_and_logs_each_transition_without_text(
         assert value(samples, "sa_job_transitions_total", from_state="running", to_state="succeeded") == 1
         assert value(samples, "sa_provider_request_seconds_count", outcome="ok") == 1
         assert value(samples, "sa_job_run_seconds_count") == 1
+        assert value(samples, "sa_worker_slots", state="busy") == 0
+        assert value(samples, "sa_worker_slots", state="free") == 2
+        slow = enqueue(pool, caller, "[fake:latency=3] hold a slot")
+        wait_for(lambda: fetch_one(pool, "SELECT state FROM sa_job WHERE id = %s", slow.job_id)[
+            "state"] == "running", timeout=20)
+        held = parse(_get(f"http://127.0.0.1:{port}/metrics").text)
+        assert value(held, "sa_worker_slots", state="busy") == 1
+        assert value(held, "sa_worker_slots", state="free") == 1
+        assert value(samples, "sa_db_pool_connections", pool="worker", state="max") == 4
+        assert [s for s in samples if s[0] == "sa_build_info"] != []
+        # NOTE: only what a worker produces: no web family, not even an empty one.
+        assert "sa_http_request_seconds" not in page.text and "sa_jobs_enqueued" not in page.text
         # NOTE: info lines are buffered, but reach the log within FLUSH_INTERVAL while it runs.
         wait_for(lambda: '"job.finalized"' in log.read_text(), timeout=5)
         assert worker.poll() is None

@@ -23,6 +23,9 @@ DESIGN_METRICS = {
     "sa_job_queue_depth", "sa_job_oldest_queued_seconds", "sa_job_wait_seconds",
     "sa_job_run_seconds", "sa_provider_request_seconds", "sa_http_request_seconds",
 }
+# The operational metrics beside the contract (jobqueue/core/metrics.py declares them).
+OPERATIONAL_METRICS = {"sa_worker_slots", "sa_db_pool_connections", "sa_db_pool_requests_waiting",
+                       "sa_sse_streams_open", "sa_build_info"}
 HISTOGRAMS = {"sa_job_wait_seconds", "sa_job_run_seconds", "sa_provider_request_seconds",
               "sa_http_request_seconds"}
 
@@ -61,7 +64,7 @@ def _promtool(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
 def test_promtool_accepts_the_alerting_rules(promtool: str) -> None:
     checked = _promtool(promtool, "check", "rules", "alerts.yml")
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 10 rules found" in checked.stdout
 
 
 def test_the_alerts_fire_when_they_should_and_only_then(promtool: str) -> None:
@@ -88,12 +91,30 @@ def _base_name(name: str) -> str:
 def test_the_alerts_use_only_design_metric_names() -> None:
     text = (PROMETHEUS / "alerts.yml").read_text()
     expressions = re.findall(r"expr: (.*?)(?=\n {8}for:)", text, re.S)
-    assert len(expressions) == 7
+    assert len(expressions) == 10
     used = {_base_name(name) for expr in expressions for name in _names_in(expr)}
     assert used and used <= DESIGN_METRICS, used - DESIGN_METRICS
     for alert in ("SaCoreQueueBackingUp", "SaCoreOldestQueuedJobTooOld", "SaCoreFailureRateHigh",
-                  "SaCoreJobsStuckInRunning", "SaCoreNoWorkerAlive"):
+                  "SaCoreJobsStuckInRunning", "SaCoreNoWorkerAlive", "SaCoreWebDown",
+                  "SaCoreHttp5xxRatioHigh", "SaCoreProviderErrorRatioHigh"):
         assert f"alert: {alert}\n" in text
+
+
+def test_every_alert_links_its_runbook_in_ops_readme() -> None:
+    text = (PROMETHEUS / "alerts.yml").read_text()
+    alerts = re.findall(r"- alert: (\w+)", text)
+    runbooks = re.findall(r'runbook_url: "ops/README\.md#([a-z0-9-]+)"', text)
+    assert runbooks == [alert.lower() for alert in alerts]
+    # NOTE: GitHub's anchor of a heading is its text, lower-cased.
+    headings = {line.lstrip("#").strip().lower()
+                for line in (OPS / "README.md").read_text().splitlines() if line.startswith("### ")}
+    assert set(runbooks) <= headings, set(runbooks) - headings
+
+
+def test_the_operational_metrics_are_declared_once_in_the_metrics_module() -> None:
+    source = (OPS.parent / "jobqueue" / "core" / "metrics.py").read_text()
+    for name in OPERATIONAL_METRICS:
+        assert len(re.findall(rf'(?:Gauge|Counter|Histogram)\("{name}"', source)) == 1, name
 
 
 def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
@@ -104,9 +125,14 @@ def test_the_grafana_dashboard_imports_as_is_and_queries_design_metrics() -> Non
     dashboard = json.loads((OPS / "grafana" / "dashboard.json").read_text())
     assert dashboard["id"] is None and dashboard["uid"] and dashboard["title"]
     assert isinstance(dashboard["schemaVersion"], int)
-    (variable,) = dashboard["templating"]["list"]
+    variable, web, worker = dashboard["templating"]["list"]
     assert (variable["type"], variable["name"], variable["query"]) == ("datasource", "datasource",
                                                                        "prometheus")
+    # NOTE: instance filters, one per scrape job, "All" by default.
+    assert (web["name"], worker["name"]) == ("web_instance", "worker_instance")
+    for instance in (web, worker):
+        assert instance["multi"] and instance["includeAll"] and instance["allValue"] == ".*"
+        assert instance["definition"].startswith("label_values(up{job=")
     assert "__inputs" not in dashboard
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
@@ -118,10 +144,12 @@ def test_the_grafana_dashboard_imports_as_is_and_queries_design_metrics() -> Non
         for target in panel["targets"]:
             assert target["datasource"] == panel["datasource"]
             used |= {_base_name(name) for name in _names_in(target["expr"])}
-    assert used == DESIGN_METRICS
+            assert 'instance=~"$' in target["expr"], target["expr"]
+    assert used == DESIGN_METRICS | OPERATIONAL_METRICS
     titles = " | ".join(p["title"].lower() for p in _panels(dashboard))
     for topic in ("queue depth by state", "per second", "wait", "run", "failed attempts by error kind",
-                  "http latency p95 by route"):
+                  "http latency p95 by route", "job slots", "pool connections", "open event streams",
+                  "build info", "web instances up"):
         assert topic in titles
 
 
@@ -143,7 +171,7 @@ def _unit(path: Path) -> dict[str, dict[str, list[str]]]:
 def test_the_systemd_units_run_the_procfile_commands() -> None:
     web = _unit(OPS / "systemd" / "sa-core-web.service")
     assert web["Service"]["ExecStart"] == [
-        "/opt/sa-core/.venv/bin/gunicorn -c ops/gunicorn.conf.py service.app:create_app()"]
+        "/opt/sa-core/.venv/bin/gunicorn -c python:service.gunicorn_conf service.app:create_app()"]
     assert "PROMETHEUS_MULTIPROC_DIR=/run/sa-core-web/prometheus" in web["Service"]["Environment"]
     assert web["Unit"]["Requires"] == ["sa-core-migrate.service"]
     worker = _unit(OPS / "systemd" / "sa-core-worker@.service")

@@ -1,4 +1,4 @@
-"""The psql scripts of sql/ops/: they work, and they cannot make a transition the trigger forbids."""
+"""The psql scripts of jobqueue/sql/ops/: they work, and they cannot make a transition the trigger forbids."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from jobqueue.operator.cli import main
 from tests.conftest import fetch_all, fetch_one
 from tests.scenario import OK_CALL, Scenario
 
-OPS = Path(__file__).resolve().parent.parent / "sql" / "ops"
+OPS = Path(__file__).resolve().parent.parent / "jobqueue" / "sql" / "ops"
 MISSING = uuid.UUID("00000000-0000-4000-8000-000000000000")
 
 

@@ -207,7 +207,7 @@ def test_a_malformed_database_url_never_prints_its_password(settings: Settings, 
     env = {**os.environ, "DATABASE_URL": f"postgres//sa:{password}@127.0.0.1/sa", "PORT": "0",
            "WEB_CONCURRENCY": "1"}
     web = subprocess.run(
-        [sys.executable, "-m", "gunicorn", "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
+        [sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf", "service.app:create_app()"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert web.returncode != 0
     assert "malformed" in web.stdout + web.stderr
@@ -232,7 +232,7 @@ def test_a_client_that_never_finishes_its_headers_is_let_go(
         try:
             for sock in stalled:
                 sock.sendall(b"POST /sa-core/v1/prompt HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-            # NOTE: gunicorn's keep-alive (2 s, ops/gunicorn.conf.py) bounds the header wait.
+            # NOTE: gunicorn's keep-alive (2 s, service/gunicorn_conf.py) bounds the header wait.
             for sock in stalled:
                 assert sock.recv(65536) == b""
             assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200

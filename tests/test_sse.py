@@ -432,7 +432,7 @@ def gunicorn(settings: Settings, tmp_path: Path, port: int | None = None, **env:
     port = port or _free_port()
     log = (tmp_path / f"gunicorn-{port}.log").open("wb")
     web = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "ops/gunicorn.conf.py", "service.app:create_app()"],
+        [sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf", "service.app:create_app()"],
         cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
         env={**os.environ, "DATABASE_URL": settings.database_url, "PORT": str(port),
              "WEB_CONCURRENCY": "1", "SA_POLL_INTERVAL": "0.1", **env})

@@ -149,7 +149,7 @@ def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
     finally:
         completer.close()
     assert results == {"first": True, "good": True, "bad": "DataError"}
-    splits = [json.loads(line) for line in capsys.readouterr().out.splitlines()
+    splits = [json.loads(line) for line in capsys.readouterr().err.splitlines()
               if '"completer.batch_split"' in line]
     assert [split["jobs"] for split in splits] == [2], "good and bad were one batch, split once"
     assert completer.batches == 2
@@ -246,7 +246,8 @@ def test_migrate_is_idempotent_and_safe_when_run_concurrently(database_url: str)
             t.start()
         for t in threads:
             t.join()
-        applied = sorted(p.stem for p in (Path(__file__).parent.parent / "sql" / "migrations").glob("*.sql"))
+        shipped = Path(__file__).parent.parent / "jobqueue" / "sql" / "migrations"
+        applied = sorted(p.stem for p in shipped.glob("*.sql"))
         assert sorted(results, key=len) == [[], [], applied]
         assert migrate(url) == []
     finally:

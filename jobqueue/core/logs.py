@@ -1,43 +1,60 @@
-"""structlog setup: one JSON object per line on stdout, with event names and bound ids."""
+"""One log stream: every line, from structlog or from any stdlib logger (psycopg_pool, gunicorn), is
+one JSON object on stderr, filtered by LOG_LEVEL."""
 
 from __future__ import annotations
 
 import atexit
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import structlog
 
-__all__ = ["FLUSH_INTERVAL", "LineLogger", "configure_logging"]
+__all__ = ["FLUSH_INTERVAL", "LEVELS", "LineLogger", "LogLevelError", "configure_logging", "level_from_env"]
+
+# NOTE: this module must not import psycopg (nor anything that does): gunicorn's master loads it
+# through service/gunicorn_conf.py before its gevent workers patch the stdlib, and psycopg picks
+# its wait function (blocking or gevent-aware) once, at import.
 
 FLUSH_INTERVAL = 0.1
 """Seconds an info line may wait in the buffer; warnings and errors are written at once."""
 
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+          "error": logging.ERROR, "critical": logging.CRITICAL}
+"""The values LOG_LEVEL takes (any case)."""
+
 
 class LineLogger:
-    """Writes rendered lines to the current sys.stdout without flushing; a daemon thread flushes
+    """Writes rendered lines to the current sys.stderr without flushing; a daemon thread flushes
     it every FLUSH_INTERVAL, and warnings, errors and process exit flush at once.
 
     PERF: structlog's PrintLogger flushes every line, a write(2) and a GIL release per log call;
     with 32 job threads logging three lines per job those handoffs cost a quarter of a worker's
     CPU. The price: a process killed outright (SIGKILL, OOM) loses at most FLUSH_INTERVAL of info
-    lines. Writing through sys.stdout (not its byte buffer) keeps log lines in order with what
-    the CLI prints.
+    lines. Logs go to stderr so that stdout carries only a command's answer (`sa-core list-jobs
+    --json | jq`); writing through sys.stderr (not its byte buffer) keeps the lines in order with
+    the CLI's one-line errors.
     """
 
     def __init__(self) -> None:
         self._pending = threading.Event()
-        threading.Thread(target=self._flush_forever, name="sa-log-flush", daemon=True).start()
+        self._flusher: threading.Thread | None = None
         atexit.register(self._flush)
+        # NOTE: gunicorn's master sets logging up, then forks its workers; a thread does not survive
+        # a fork, so each child starts its own flusher on its first line.
+        os.register_at_fork(after_in_child=self._forget_flusher)
 
     def info(self, message: str) -> None:
         """Buffers one line."""
-        sys.stdout.write(message + "\n")
+        sys.stderr.write(message + "\n")
         if not self._pending.is_set():
+            if self._flusher is None:
+                self._start_flusher()
             self._pending.set()
 
     def warning(self, message: str) -> None:
@@ -49,17 +66,26 @@ class LineLogger:
     msg = info
     error = exception = critical = warning
 
+    def _forget_flusher(self) -> None:
+        self._flusher = None
+        self._pending = threading.Event()
+
+    def _start_flusher(self) -> None:
+        self._flusher = threading.Thread(target=self._flush_forever, name="sa-log-flush", daemon=True)
+        self._flusher.start()
+
     @staticmethod
     def _flush() -> None:
-        # NOTE: stdout closed or gone (a reader hung up); logging must never kill the process.
+        # NOTE: stderr closed or gone (a reader hung up); logging must never kill the process.
         with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
+            sys.stderr.flush()
 
     def _flush_forever(self) -> None:
         # NOTE: sleeps while nothing is written, so an idle process does not wake up for logs.
-        while self._pending.wait():
+        pending = self._pending
+        while pending.wait():
             time.sleep(FLUSH_INTERVAL)
-            self._pending.clear()
+            pending.clear()
             self._flush()
 
 
@@ -73,13 +99,51 @@ def _line_logger(*_args: Any) -> LineLogger:
     return _LOGGER
 
 
-def configure_logging(level: int = logging.INFO) -> None:
-    """Routes structlog to stdout as JSON lines; idempotent."""
+class LogLevelError(ValueError):
+    """LOG_LEVEL names no level."""
+
+
+class _JsonHandler(logging.Handler):
+    """Renders stdlib records (psycopg_pool, gunicorn, ...) as the same JSON lines, through LineLogger."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # NOTE: logging's own contract: a bad record must not kill the caller.
+            self.handleError(record)
+            return
+        out = _line_logger()
+        (out.warning if record.levelno >= logging.WARNING else out.info)(line)
+
+
+def level_from_env(environ: Mapping[str, str] | None = None) -> int:
+    """Returns the level LOG_LEVEL names (default info).
+
+    Raises:
+        LogLevelError: LOG_LEVEL names no level.
+    """
+    text = (os.environ if environ is None else environ).get("LOG_LEVEL", "").strip().lower() or "info"
+    if text not in LEVELS:
+        raise LogLevelError(f"LOG_LEVEL={text!r} is not one of {', '.join(LEVELS)}")
+    return LEVELS[text]
+
+
+def configure_logging(level: int | None = None) -> None:
+    """Routes structlog and the stdlib's root logger to stderr as JSON lines; idempotent.
+
+    Args:
+        level: the lowest level written; LOG_LEVEL (default info) when None.
+
+    Raises:
+        LogLevelError: LOG_LEVEL names no level.
+    """
+    level = level_from_env() if level is None else level
+    timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            timestamper,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ],
@@ -87,3 +151,22 @@ def configure_logging(level: int = logging.INFO) -> None:
         logger_factory=_line_logger,
         cache_logger_on_first_use=True,
     )
+    handler = _JsonHandler()
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=[
+            structlog.stdlib.add_log_level,
+            structlog.stdlib.add_logger_name,
+            timestamper,
+            structlog.stdlib.ExtraAdder(),
+        ],
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.format_exc_info,
+            structlog.processors.JSONRenderer(),
+        ],
+    ))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, _JsonHandler)]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)

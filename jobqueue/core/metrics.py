@@ -1,11 +1,19 @@
-"""Every Prometheus metric of the contract (docs/architecture.md), declared once; names and labels fixed."""
+"""Every Prometheus metric, declared once: the contract's (docs/architecture.md; names and labels
+fixed) and the operational figures beside it (slots, pools, streams, build)."""
 
 from __future__ import annotations
 
+import platform
+
 from prometheus_client import Counter, Gauge, Histogram
 
+from jobqueue.core.version import VERSION
+
 __all__ = [
+    "BUILD_INFO",
     "CLAIM_SECONDS",
+    "DB_POOL_CONNECTIONS",
+    "DB_POOL_REQUESTS_WAITING",
     "ENQUEUED",
     "FAILURES",
     "HTTP_REQUEST_SECONDS",
@@ -13,8 +21,12 @@ __all__ = [
     "PROVIDER_REQUEST_SECONDS",
     "QUEUE_DEPTH",
     "RUN_SECONDS",
+    "SSE_STREAMS_OPEN",
     "TRANSITIONS",
     "WAIT_SECONDS",
+    "WEB_ONLY",
+    "WORKER_ONLY",
+    "WORKER_SLOTS",
 ]
 
 # NOTE: spans the fake provider's microseconds and a real model's minutes.
@@ -45,3 +57,28 @@ QUEUE_DEPTH = Gauge("sa_job_queue_depth", "Jobs per state, read from the databas
 OLDEST_QUEUED_SECONDS = Gauge("sa_job_oldest_queued_seconds",
                               "Age of the oldest claimable queued job, read at scrape time.",
                               registry=None)
+
+# NOTE: the figures below are set by the process that owns them (jobqueue/core/exposition.py
+# ProcessFigures): the web's processes every few seconds and before each scrape they answer, a
+# worker before each scrape. "liveall" keeps one series per live web process (label pid); a
+# worker process is its own target, so it has no pid label.
+WORKER_SLOTS = Gauge("sa_worker_slots", "Job slots of this worker process: busy (a provider call "
+                     "in flight) or free (claimable now).", ["state"])
+DB_POOL_CONNECTIONS = Gauge("sa_db_pool_connections", "Connections of a pool (psycopg_pool "
+                            "get_stats): open, idle (available) and max.", ["pool", "state"],
+                            multiprocess_mode="liveall")
+DB_POOL_REQUESTS_WAITING = Gauge("sa_db_pool_requests_waiting",
+                                 "Callers waiting for a connection of the pool right now.", ["pool"],
+                                 multiprocess_mode="liveall")
+SSE_STREAMS_OPEN = Gauge("sa_sse_streams_open", "Event streams (GET /mission/events) open now.",
+                         multiprocess_mode="livesum")
+BUILD_INFO = Gauge("sa_build_info", "Always 1; labels say which sa-core and Python run.",
+                   ["version", "python"], multiprocess_mode="max")
+BUILD_INFO.labels(version=VERSION, python=platform.python_version()).set(1)
+
+WEB_ONLY = frozenset({"sa_http_request_seconds", "sa_jobs_enqueued", "sa_sse_streams_open"})
+"""Families only the web produces (names as prometheus-client reports them, counters without
+`_total`): a worker's page leaves them out instead of showing them empty."""
+
+WORKER_ONLY = frozenset({"sa_worker_slots"})
+"""Families only a worker produces; the web's page leaves them out."""

@@ -74,6 +74,16 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int = 1) -
     return value
 
 
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    """`1` or `0`; unset or empty means `default`."""
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    if raw not in ("0", "1"):
+        raise SettingsError(f"{name} must be 1 (on) or 0 (off), got {raw!r}")
+    return raw == "1"
+
+
 def _port(env: Mapping[str, str], name: str) -> int:
     """A TCP port, or 0 (the default) for none."""
     value = _int(env, name, 0, minimum=0)
@@ -153,6 +163,10 @@ class Settings:
     sse_replay_limit: int = 1000
     body_timeout: float = 10.0
     token_cache_ttl: float = 2.0
+    prepared_statements: bool = True
+    leader_keepalive_idle: int = 20
+    leader_keepalive_interval: int = 10
+    leader_keepalive_count: int = 3
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -165,9 +179,10 @@ class Settings:
         database_url = env.get("DATABASE_URL", "")
         if not database_url:
             raise SettingsError("DATABASE_URL is not set (use `sa-core dev` for a local database)")
+        direct_database_url = env.get("SA_DIRECT_DATABASE_URL") or database_url
         return cls(
             database_url=database_url,
-            direct_database_url=env.get("SA_DIRECT_DATABASE_URL") or database_url,
+            direct_database_url=direct_database_url,
             provider_url=env.get("SA_PROVIDER_URL", "").rstrip("/"),
             provider_api_key=env.get("SA_PROVIDER_API_KEY", ""),
             provider_model=env.get("SA_PROVIDER_MODEL", "gpt-4o-mini"),
@@ -201,7 +216,7 @@ class Settings:
                 env, "SA_IDEMPOTENCY_KEY_RETENTION", float(KEY_TTL_SECONDS),
                 at_least=float(KEY_TTL_SECONDS)),
             # NOTE: half the gevent worker's connections by default, so a flood of streams
-            # always leaves room for ordinary requests and /healthz (ops/gunicorn.conf.py).
+            # always leaves room for ordinary requests and /healthz (service/gunicorn_conf.py).
             sse_max_streams=_int(env, "SA_SSE_MAX_STREAMS",
                                  max(1, _int(env, "SA_WEB_CONNECTIONS", 1000) // 2)),
             sse_max_streams_per_token=_int(env, "SA_SSE_MAX_STREAMS_PER_TOKEN", 10),
@@ -210,6 +225,14 @@ class Settings:
             sse_replay_limit=_int(env, "SA_SSE_REPLAY_LIMIT", 1000),
             body_timeout=_float(env, "SA_BODY_TIMEOUT", 10.0),
             token_cache_ttl=_float(env, "SA_TOKEN_CACHE_TTL", 2.0, minimum=-1.0),
+            # NOTE: a separate direct URL means DATABASE_URL goes through a pooler, which (in
+            # transaction mode, before PgBouncer 1.21) loses prepared statements between
+            # transactions; so they are off there unless asked for.
+            prepared_statements=_flag(env, "SA_PREPARED_STATEMENTS",
+                                      direct_database_url == database_url),
+            leader_keepalive_idle=_int(env, "SA_LEADER_KEEPALIVE_IDLE", 20),
+            leader_keepalive_interval=_int(env, "SA_LEADER_KEEPALIVE_INTERVAL", 10),
+            leader_keepalive_count=_int(env, "SA_LEADER_KEEPALIVE_COUNT", 3),
         )
 
     @property

@@ -23,7 +23,7 @@ TERMINAL: frozenset[JobState] = frozenset(
 )
 """States a job never leaves, except that a finished job may become superseded."""
 
-# NOTE: This table is mirrored by the transition trigger in sql/migrations; a test
+# NOTE: This table is mirrored by the transition trigger in jobqueue/sql/migrations; a test
 # compares the two, so change both together. The ``None`` source stands for row
 # creation, which may only produce a queued job.
 TRANSITIONS: frozenset[tuple[JobState | None, JobState]] = frozenset(

@@ -50,7 +50,8 @@ class WakeupSender:
         """Prepares a sender; its thread starts with the first wake-up.
 
         Args:
-            conninfo: libpq URI of a direct connection (NOTIFY is a session command).
+            conninfo: libpq URI; a transaction-mode pooler will do (each send is one
+                transaction, and NOTIFY takes effect at its commit).
             interval: seconds over which wake-ups are coalesced (`SA_NOTIFY_INTERVAL`).
         """
         if not (math.isfinite(interval) and interval >= 0):
@@ -154,9 +155,14 @@ class WakeupSender:
 
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed:
+            # NOTE: never prepared: a transaction-mode pooler (DATABASE_URL through PgBouncer)
+            # runs the next send on another server session, where the prepared statement is
+            # missing, and each send would fail once and reconnect. Its parse costs
+            # microseconds next to the notifying commit.
             self._conn = psycopg.connect(self.conninfo, autocommit=True,
                                          connect_timeout=_CONNECT_TIMEOUT,
-                                         application_name="sa-core wakeup")
+                                         application_name="sa-core wakeup",
+                                         prepare_threshold=None)
         return self._conn
 
     def _close_connection(self) -> None:

@@ -235,7 +235,7 @@ def run_dev(port: int) -> int:
     children: dict[str, subprocess.Popen[bytes]] = {}
     try:
         children["web"] = _spawn(
-            [str(bin_dir / "gunicorn"), "-c", "ops/gunicorn.conf.py", "service.app:create_app()"], env
+            [str(bin_dir / "gunicorn"), "-c", "python:service.gunicorn_conf", "service.app:create_app()"], env
         )
         children["worker"] = _spawn([sys.executable, "-m", "jobqueue.operator.cli", "run-worker"], env)
         failure = _wait_ready(port, children, stop)

@@ -49,7 +49,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType, TracebackType
 from typing import Any, Literal, cast
 
+import structlog
+
 __all__ = ["FakeConfig", "FakeProvider", "add_arguments", "config_from_args", "serve_forever"]
+
+_log = structlog.get_logger(__name__)
 
 _CHAT_PATHS = frozenset({"/chat/completions", "/v1/chat/completions"})
 _MARKER_RE = re.compile(r"\[fake:([^\]\s]+)\]")
@@ -111,7 +115,7 @@ class _Server(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         # NOTE: clients that give up mid-response are normal here; tracebacks only when asked.
         if self.config.verbose and not self.stop_event.is_set():
-            super().handle_error(request, client_address)
+            _log.info("fake_provider.request_failed", client=client_address[0], exc_info=True)
 
     def plan(self, text: str) -> tuple[float, _Outcome]:
         """Turn the last user message into (extra latency, outcome), then apply random knobs."""
@@ -174,7 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.config.verbose:
-            super().log_message(format, *args)
+            _log.info("fake_provider.request", client=self.client_address[0], line=format % args)
 
     def do_GET(self) -> None:
         if self._read_body() is None:
@@ -440,7 +444,8 @@ class FakeProvider:
 def serve_forever(host: str, port: int, config: FakeConfig) -> None:
     """Blocking entry point for the `sa-core fake-provider` CLI command.
 
-    Prints one line with the URL, then serves until SIGINT or SIGTERM and stops cleanly.
+    Logs `fake_provider.listening` with the URL (at warning, so that LOG_LEVEL=warning still
+    shows it), then serves until SIGINT or SIGTERM and stops cleanly.
 
     Args:
         host: Interface to bind.
@@ -458,7 +463,7 @@ def serve_forever(host: str, port: int, config: FakeConfig) -> None:
     # NOTE: signal handlers can only be installed from the main thread; elsewhere rely on SIGINT.
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_term) if main else None
-    print(f"fake provider listening on {provider.url}", flush=True)
+    _log.warning("fake_provider.listening", url=provider.url)
     try:
         while True:
             time.sleep(3600)  # NOTE: sleep is interrupted by the signal's KeyboardInterrupt.

@@ -15,22 +15,24 @@ import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from psycopg_pool import ConnectionPool
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobqueue.core.db import DictConnection, open_pool
-from jobqueue.core.exposition import start_worker_metrics_server
+from jobqueue.core.exposition import ProcessFigures, start_worker_metrics_server
 from jobqueue.core.listener import NotificationListener
-from jobqueue.core.logs import configure_logging
+from jobqueue.core.logs import LogLevelError, configure_logging
 from jobqueue.core.policy import BackoffConfig
 from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.redact import redact
 from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.core.version import VERSION
 from jobqueue.devtools import fake_provider
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.reclaim import Reclaimer
-from jobqueue.operator.cli_pool import with_cli_pool
+from jobqueue.operator.cli_pool import Answer, fail, print_answer, with_cli_pool
 from jobqueue.operator.client_commands import add_client_commands, priority_arg
-from jobqueue.operator.migrate import migrate
+from jobqueue.operator.migrate import MigrationError, migrate
 from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
 from jobqueue.runtime.completer import Completer
@@ -48,7 +50,8 @@ class UsageError(Exception):
 
 def _migrate(args: argparse.Namespace) -> int:
     applied = migrate(Settings.from_env().database_url)
-    print(f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else ""))
+    text = f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else "")
+    print_answer(Answer(text, {"applied": applied}), args.json)
     return 0
 
 
@@ -65,7 +68,8 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
         raise UsageError(str(exc)) from None
     # NOTE: job slots never hold a connection: the claim loop, the heartbeat and the completer
     # each borrow one for a statement, whatever the concurrency.
-    pool = open_pool(settings.worker_database_url, name="worker", max_size=4)
+    pool = open_pool(settings.worker_database_url, name="worker", max_size=4,
+                     prepare=settings.prepared_statements)
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     completer = Completer(pool)
@@ -88,14 +92,16 @@ def _run_worker(args: argparse.Namespace) -> int:
         poll_interval=settings.poll_interval,
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
+    figures = ProcessFigures()
     if settings.metrics_port and not args.once:
         # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
         # --once run is gone before a scrape could reach it.
         try:
-            start_worker_metrics_server(settings.metrics_port)
+            start_worker_metrics_server(settings.metrics_port, figures=figures)
         except OSError as exc:
             raise UsageError(f"SA_METRICS_PORT={settings.metrics_port}: {exc.strerror}") from None
     worker, close = build_worker(settings, config)
+    figures.add_pool(worker.pool).add(worker.report_slots)
     # NOTE: only long-running workers compete for the maintenance role; a --once run is too
     # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
     leader = None if args.once else MaintenanceLeader.from_settings(settings).start()
@@ -125,27 +131,30 @@ def _run_worker(args: argparse.Namespace) -> int:
 def _reclaim_stuck_jobs(args: argparse.Namespace) -> int:
     config = Reclaimer.Config.from_settings(Settings.from_env())
 
-    def reclaim(pool: ConnectionPool[DictConnection]) -> str:
+    def reclaim(pool: ConnectionPool[DictConnection]) -> Answer:
         counts = Reclaimer(pool, config).run_once()
-        return f"requeued {counts.requeued} job(s), failed {counts.failed} as stuck"
+        return Answer(f"requeued {counts.requeued} job(s), failed {counts.failed} as stuck",
+                      {"requeued": counts.requeued, "failed": counts.failed})
 
-    return with_cli_pool(reclaim)
+    return with_cli_pool(reclaim, args.json)
 
 
 def _cancel_job(args: argparse.Namespace) -> int:
-    def cancel(pool: ConnectionPool[DictConnection]) -> str:
+    def cancel(pool: ConnectionPool[DictConnection]) -> Answer:
         job = cancel_job(pool, args.job_id, None)
-        return f"job {job['id']} cancelled (prompt {job['prompt_id']}, org {job['org_id']})"
+        return Answer(f"job {job['id']} cancelled (prompt {job['prompt_id']}, org {job['org_id']})",
+                      {"job_id": job["id"], "prompt_id": job["prompt_id"], "org_id": job["org_id"],
+                       "state": job["state"]})
 
-    return with_cli_pool(cancel)
+    return with_cli_pool(cancel, args.json)
 
 
 def _retry_job(args: argparse.Namespace) -> int:
-    def retry(pool: ConnectionPool[DictConnection]) -> str:
+    def retry(pool: ConnectionPool[DictConnection]) -> Answer:
         new = retry_job(pool, args.job_id, None)
-        return f"job {new.job_id} {new.state}, superseding job {new.supersedes}"
+        return Answer(f"job {new.job_id} {new.state}, superseding job {new.supersedes}", new.as_dict())
 
-    return with_cli_pool(retry)
+    return with_cli_pool(retry, args.json)
 
 
 def _fake_provider(args: argparse.Namespace) -> int:
@@ -166,12 +175,26 @@ def _positive(text: str) -> int:
     return value
 
 
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(prog="sa-core", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sa-core", description=__doc__,
+        epilog="Answers go to stdout, logs and errors to stderr (JSON lines; LOG_LEVEL sets the level). "
+               "Exit codes: 0 done; 1 failed (unknown id, refused, database unreachable); "
+               "2 bad arguments or configuration.")
+    parser.add_argument("--version", action="version", version=f"sa-core {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("migrate", help="apply pending SQL migrations").set_defaults(func=_migrate)
+    migrating = sub.add_parser(
+        "migrate", help="apply pending SQL migrations (shipped in the package)",
+        epilog="exit codes: 0 up to date; 1 no migration shipped, an applied migration changed, "
+               "or the database is unreachable")
+    _json_flag(migrating)
+    migrating.set_defaults(func=_migrate)
 
     worker = sub.add_parser("run-worker", help="claim and run jobs")
     worker.add_argument("--once", action="store_true", help="one claim round, then exit")
@@ -183,17 +206,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"provider calls in flight at once (greenlets; default {DEFAULT_CONCURRENCY})")
     worker.set_defaults(func=_run_worker)
 
-    sub.add_parser(
-        "reclaim-stuck-jobs", help="requeue jobs whose worker stopped heartbeating (or fail them as stuck)"
-    ).set_defaults(func=_reclaim_stuck_jobs)
+    reclaim = sub.add_parser(
+        "reclaim-stuck-jobs", help="requeue jobs whose worker stopped heartbeating (or fail them as stuck)")
+    _json_flag(reclaim)
+    reclaim.set_defaults(func=_reclaim_stuck_jobs)
     control_codes = "exit code 1 when the job is unknown or its state forbids it (message on stderr)"
     cancel = sub.add_parser("cancel-job", help="cancel a queued or running job (any org)",
                             epilog=control_codes)
     cancel.add_argument("job_id", type=uuid.UUID, metavar="ID")
+    _json_flag(cancel)
     cancel.set_defaults(func=_cancel_job)
     retry = sub.add_parser("retry-job", help="queue a new job superseding a finished one (any org)",
                            epilog=control_codes)
     retry.add_argument("job_id", type=uuid.UUID, metavar="ID")
+    _json_flag(retry)
     retry.set_defaults(func=_retry_job)
     add_operator_commands(sub)
 
@@ -212,13 +238,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one subcommand; returns its exit code."""
-    configure_logging()
     args = build_parser().parse_args(argv)
     try:
+        configure_logging()
         code: int = args.func(args)
-    except (SettingsError, UsageError) as exc:
-        print(f"sa-core: {redact(str(exc))}", file=sys.stderr)
+    except (SettingsError, LogLevelError, UsageError) as exc:
+        fail(redact(str(exc)))
         return 2
+    except MigrationError as exc:
+        return fail(str(exc))
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        # NOTE: libpq's reason (refused, timeout, authentication) on one line, password hidden.
+        return fail(redact(f"database unreachable: {exc}"))
+    except KeyboardInterrupt:
+        return 130
     return code
 
 

@@ -17,9 +17,8 @@ from typing import Any
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from jobqueue.core.jsonable import json_default
 from jobqueue.core.states import JobState
-from jobqueue.operator.cli_pool import with_cli_pool
+from jobqueue.operator.cli_pool import Answer, with_cli_pool
 from jobqueue.operator.inspection import (
     JobDetails,
     OrgFigures,
@@ -100,10 +99,6 @@ def _job_id(text: str) -> uuid.UUID:
         return uuid.UUID(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a job id (a UUID): {text!r}") from None
-
-
-def _dumps(document: Any) -> str:
-    return json.dumps(document, default=json_default, indent=2)
 
 
 # --- formatting --------------------------------------------------------------------------------
@@ -257,41 +252,45 @@ def _render_metrics(report: QueueMetrics, now: datetime) -> str:
 
 
 def _list_jobs(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> str:
+    def run(pool: ConnectionPool[DictConnection]) -> Answer:
         state = None if args.state is None else JobState(args.state)
         rows = list_jobs(pool, state=state, org_id=args.org, since=args.since, limit=args.limit)
-        return _dumps(rows) if args.json else _render_list(rows, args.limit)
+        return Answer(_render_list(rows, args.limit), rows)
 
-    return with_cli_pool(run)
+    return with_cli_pool(run, args.json)
 
 
 def _job_details(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> str:
+    def run(pool: ConnectionPool[DictConnection]) -> Answer:
         details = job_details(pool, args.job_id)
-        return _dumps(details.as_dict()) if args.json else _render_details(details)
+        return Answer(_render_details(details), details.as_dict())
 
-    return with_cli_pool(run)
+    return with_cli_pool(run, args.json)
 
 
 def _queue_metrics(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> str:
+    def run(pool: ConnectionPool[DictConnection]) -> Answer:
         report = queue_metrics(pool, args.since or parse_instant(_DEFAULT_WINDOW))
-        return _dumps(report.as_dict()) if args.json else _render_metrics(report, datetime.now(UTC))
+        return Answer(_render_metrics(report, datetime.now(UTC)), report.as_dict())
 
-    return with_cli_pool(run)
+    return with_cli_pool(run, args.json)
 
 
 def _archive_old_jobs(args: argparse.Namespace) -> int:
-    def run(pool: ConnectionPool[DictConnection]) -> str:
+    def run(pool: ConnectionPool[DictConnection]) -> Answer:
         archiver = Archiver(pool, Archiver.Config(batch_size=args.batch_size))
         counts = archiver.run_once(args.before, dry_run=args.dry_run)
         what = (f"{counts.jobs} job(s) of {counts.prompts} prompt(s), {counts.events} event(s), "
                 f"{counts.ledger} ledger row(s), all finished before {_when(args.before)}")
+        data = {"dry_run": args.dry_run, "before": args.before, "jobs": counts.jobs,
+                "prompts": counts.prompts, "events": counts.events, "ledger": counts.ledger,
+                "batches": counts.batches}
         if args.dry_run:
-            return f"dry run: would archive {what}; nothing changed ({counts.batches} batch(es))"
-        return f"archived {what} ({counts.batches} batch(es))"
+            return Answer(f"dry run: would archive {what}; nothing changed ({counts.batches} batch(es))",
+                          data)
+        return Answer(f"archived {what} ({counts.batches} batch(es))", data)
 
-    return with_cli_pool(run)
+    return with_cli_pool(run, args.json)
 
 
 def add_operator_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -334,4 +333,5 @@ def add_operator_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     archive.add_argument("--dry-run", action="store_true", help="count what would move; change nothing")
     archive.add_argument("--batch-size", type=_bounded(1, 100_000), default=500, metavar="N",
                          help="jobs scanned per transaction (default 500)")
+    archive.add_argument("--json", action="store_true", help="print the counts as JSON")
     archive.set_defaults(func=_archive_old_jobs)

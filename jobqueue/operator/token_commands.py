@@ -8,7 +8,6 @@ A token is printed once, by create-token, and never again: revoke-token prints o
 from __future__ import annotations
 
 import argparse
-import json
 import re
 from datetime import UTC, datetime, timedelta
 
@@ -18,7 +17,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import NotFound
 from jobqueue.core.tokens import SCOPES, issue_token, revoke_token
 from jobqueue.engine.idempotency import prune_expired_keys
-from jobqueue.operator.cli_pool import with_cli_pool
+from jobqueue.operator.cli_pool import Answer, with_cli_pool
 
 __all__ = ["add_token_commands", "parse_expiry"]
 
@@ -60,39 +59,40 @@ def _expiry(text: str) -> datetime:
 
 
 def _create_token(args: argparse.Namespace) -> int:
-    def create(pool: ConnectionPool[DictConnection]) -> str:
+    def create(pool: ConnectionPool[DictConnection]) -> Answer:
         issued = issue_token(pool, args.org, args.user, label=args.label, expires_at=args.expires,
                              scopes=tuple(args.scope))
         expires = issued.expires_at.isoformat() if issued.expires_at is not None else None
-        if args.json:
-            return json.dumps({"token": issued.token, "id": issued.id, "org_id": args.org,
-                               "user_id": args.user, "expires_at": expires,
-                               "scopes": list(issued.scopes)})
         until = f", expires {expires}" if expires else ""
         scoped = f", scopes {','.join(issued.scopes)}" if issued.scopes else ""
-        return (f"token {issued.id} for org {args.org}, user {args.user}{until}{scoped} "
-                f"(shown once): {issued.token}")
+        return Answer(f"token {issued.id} for org {args.org}, user {args.user}{until}{scoped} "
+                      f"(shown once): {issued.token}",
+                      {"token": issued.token, "id": issued.id, "org_id": args.org,
+                       "user_id": args.user, "expires_at": expires, "scopes": list(issued.scopes)})
 
-    return with_cli_pool(create)
+    return with_cli_pool(create, args.json)
 
 
 def _revoke_token(args: argparse.Namespace) -> int:
-    def revoke(pool: ConnectionPool[DictConnection]) -> str:
+    def revoke(pool: ConnectionPool[DictConnection]) -> Answer:
         revoked = revoke_token(pool, args.token)
         if revoked is None:
             raise NotFound("no such token")
         state = "revoked" if revoked.newly else "was already revoked"
-        return (f"token {revoked.id} (org {revoked.org_id}, user {revoked.user_id}) {state} "
-                f"at {revoked.revoked_at.isoformat()}")
+        return Answer(f"token {revoked.id} (org {revoked.org_id}, user {revoked.user_id}) {state} "
+                      f"at {revoked.revoked_at.isoformat()}",
+                      {"id": revoked.id, "org_id": revoked.org_id, "user_id": revoked.user_id,
+                       "revoked_at": revoked.revoked_at, "newly_revoked": revoked.newly})
 
-    return with_cli_pool(revoke)
+    return with_cli_pool(revoke, args.json)
 
 
 def _prune_keys(args: argparse.Namespace) -> int:
-    def prune(pool: ConnectionPool[DictConnection]) -> str:
-        return f"deleted {prune_expired_keys(pool)} expired idempotency key(s)"
+    def prune(pool: ConnectionPool[DictConnection]) -> Answer:
+        deleted = prune_expired_keys(pool)
+        return Answer(f"deleted {deleted} expired idempotency key(s)", {"deleted": deleted})
 
-    return with_cli_pool(prune)
+    return with_cli_pool(prune, args.json)
 
 
 def _id_number(text: str) -> int:
@@ -122,9 +122,11 @@ def add_token_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser])
         epilog="exit codes: 0 revoked (or already revoked); 1 no such token; 2 bad arguments")
     revoke.add_argument("token", metavar="TOKEN_OR_ID",
                         help="the token itself, or the id create-token printed")
+    revoke.add_argument("--json", action="store_true", help="print the revoked token's row as JSON")
     revoke.set_defaults(func=_revoke_token)
 
     prune = sub.add_parser(
         "prune-idempotency-keys",
         help="delete Idempotency-Key records older than 24 h (they are ignored already)")
+    prune.add_argument("--json", action="store_true", help='print {"deleted": N}')
     prune.set_defaults(func=_prune_keys)

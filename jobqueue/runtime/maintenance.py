@@ -61,9 +61,11 @@ class MaintenanceLeader:
             reconnect_delay: pause after the connection failed, before connecting again.
             connect_timeout: bound on opening the dedicated connection.
             retention_interval: pause between retention rounds (`SA_RETENTION_INTERVAL`).
-            keepalive_idle: seconds of silence before the first TCP keepalive probe, both ends.
-            keepalive_interval: seconds between unanswered probes.
-            keepalive_count: unanswered probes before the connection counts as dead; with
+            keepalive_idle: seconds of silence before the first TCP keepalive probe, both ends
+                (`SA_LEADER_KEEPALIVE_IDLE`).
+            keepalive_interval: seconds between unanswered probes (`SA_LEADER_KEEPALIVE_INTERVAL`).
+            keepalive_count: unanswered probes before the connection counts as dead
+                (`SA_LEADER_KEEPALIVE_COUNT`); with
                 the two above, a vanished peer is noticed after idle + interval * count
                 seconds (50 by default), which also bounds unacknowledged writes
                 (tcp_user_timeout).
@@ -140,7 +142,10 @@ class MaintenanceLeader:
         """Returns a leader on `SA_DIRECT_DATABASE_URL` with the durations of `settings`."""
         config = cls.Config(reclaim_interval=settings.reclaim_interval,
                             lock_retry_interval=settings.reclaim_interval,
-                            retention_interval=settings.retention_interval)
+                            retention_interval=settings.retention_interval,
+                            keepalive_idle=settings.leader_keepalive_idle,
+                            keepalive_interval=settings.leader_keepalive_interval,
+                            keepalive_count=settings.leader_keepalive_count)
         return cls(settings.direct_database_url, Reclaimer.Config.from_settings(settings), config,
                    retention=Retention.Config.from_settings(settings), on_round=on_round)
 

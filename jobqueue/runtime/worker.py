@@ -20,6 +20,7 @@ import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.engine.claim import ClaimedJob, claim
@@ -197,6 +198,12 @@ class Worker:
         """
         with self._lock:
             return len(self._inflight) - min(len(self._finishing), self.config.concurrency)
+
+    def report_slots(self) -> None:
+        """Sets `sa_worker_slots`: busy (held, call not yet returned) and free (claimable now)."""
+        busy = min(self._busy_slots(), self.config.concurrency)
+        metrics.WORKER_SLOTS.labels(state="busy").set(busy)
+        metrics.WORKER_SLOTS.labels(state="free").set(self.config.concurrency - busy)
 
     def _call_returned(self, job_id: uuid.UUID) -> None:
         with self._lock:

@@ -104,7 +104,7 @@ SELECT org_id,
 """
 
 # The measured intervals of the event log since a moment: sa_job_measured (0009_measured_attempts.sql),
-# the one definition shared with sql/ops/queue_metrics.sql; inlined by the planner, so its window
+# the one definition shared with jobqueue/sql/ops/queue_metrics.sql; inlined by the planner, so its window
 # is served by sa_job_event_at_brin (at) and each predecessor by sa_job_event_job_idx (job_id, id).
 _MEASURED = """
 WITH measured AS (SELECT * FROM sa_job_measured(%(since)s))

@@ -1,13 +1,13 @@
 -- List jobs that look stuck: running without a recent heartbeat, and queued past their due time.
 --
 --   psql "$DATABASE_URL" [-v stale_after=300] [-v queued_after=300] [-v limit=100] \
---        -f sql/ops/list_stuck_jobs.sql
+--        -f jobqueue/sql/ops/list_stuck_jobs.sql
 --
 -- stale_after: seconds without a heartbeat before a running job counts as stuck (default 300,
 --   SA_STALE_AFTER's default; the maintenance leader or `sa-core reclaim-stuck-jobs` requeues
 --   such jobs, or fails them as 'stuck'). queued_after: seconds a claimable job may wait before
 --   it is listed (default 300). limit: rows per list (default 100). Read-only.
--- Next steps: sql/ops/cancel_job.sql, sql/ops/retry_job.sql, `sa-core job-details ID`.
+-- Next steps: jobqueue/sql/ops/cancel_job.sql, jobqueue/sql/ops/retry_job.sql, `sa-core job-details ID`.
 
 \set ON_ERROR_STOP on
 \set QUIET on

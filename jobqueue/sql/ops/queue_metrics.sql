@@ -1,7 +1,7 @@
 -- Queue figures, overall and per org: jobs by state, the claimable backlog and its oldest job,
 -- wait and run times (mean, p95) and error rates by error_kind over a window.
 --
---   psql "$DATABASE_URL" [-v window='24 hours'] -f sql/ops/queue_metrics.sql
+--   psql "$DATABASE_URL" [-v window='24 hours'] -f jobqueue/sql/ops/queue_metrics.sql
 --
 -- window: a Postgres interval ('90 minutes', '7 days'; default '24 hours'). Read-only.
 -- The same figures as `sa-core queue-metrics --since <age>` (jobqueue/core/queries/inspection.py;

@@ -1,6 +1,6 @@
 -- Cancel one queued or running job, by hand, through the same state machine as the code.
 --
---   psql "$DATABASE_URL" -v job_id=<uuid> [-v reason='why'] -f sql/ops/cancel_job.sql
+--   psql "$DATABASE_URL" -v job_id=<uuid> [-v reason='why'] -f jobqueue/sql/ops/cancel_job.sql
 --
 -- Same effect as `sa-core cancel-job ID`: queued|running -> cancelled, finished_at and
 -- error_message set, one sa_job_event row written by the trigger and NOTIFYed below. A running job's
@@ -18,7 +18,7 @@
 
 \if :{?job_id}
 \else
-    \echo 'usage: psql "$DATABASE_URL" -v job_id=<uuid> [-v reason=...] -f sql/ops/cancel_job.sql'
+    \echo 'usage: psql "$DATABASE_URL" -v job_id=<uuid> [-v reason=...] -f jobqueue/sql/ops/cancel_job.sql'
     -- NOTE: psql has no "exit with status" command; a failing statement ends the script with 3.
     DO $$ BEGIN RAISE EXCEPTION 'missing variable: -v job_id=<uuid>'; END $$;
 \endif

@@ -1,7 +1,9 @@
-"""gunicorn settings for the web process (Procfile `web:` and `sa-core dev`); configured by environment."""
+"""gunicorn settings for the web process (`gunicorn -c python:service.gunicorn_conf`, as the Procfile's
+`web:` line, the systemd unit and `sa-core dev` run it); configured by environment."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -10,13 +12,20 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import structlog
+from gunicorn.glogging import Logger
+
+from jobqueue.core.logs import configure_logging
+
 __all__ = [
+    "JsonLogger",
     "accesslog",
     "bind",
     "child_exit",
     "control_socket_disable",
     "graceful_timeout",
     "keepalive",
+    "logger_class",
     "on_exit",
     "on_starting",
     "post_worker_init",
@@ -48,10 +57,43 @@ threads = int(os.environ.get("SA_WEB_THREADS", "8"))
 # next to a Procfile run) collides with the first. Nothing here uses `gunicornc`.
 control_socket_disable = True
 
-# NOTE: off (gunicorn's default, pinned here on purpose): stdout carries the app's structlog JSON
-# lines, and gunicorn's access log would mix one unstructured text line per request into them.
-# Reporting requests is the app's job.
+# NOTE: off (gunicorn's default, pinned here on purpose): the app logs every request itself
+# (`http.request`, with its request id and org). `--access-logfile -` (or GUNICORN_CMD_ARGS) turns
+# gunicorn's own on, as JSON lines (`http.access`) like everything else.
 accesslog = None
+
+
+class JsonLogger(Logger):  # type: ignore[misc]  # NOTE: gunicorn ships no type hints.
+    """gunicorn's logger, rendered into the one JSON log stream (jobqueue/core/logs.py).
+
+    gunicorn's error log (boot, worker exits, timeouts) goes through the stdlib root logger, so it
+    is filtered by LOG_LEVEL (gunicorn's --log-level is not used); the access log, when enabled,
+    is one structured line per request, without the query string (it may carry an access_token).
+    """
+
+    def setup(self, cfg: Any) -> None:
+        """Replaces gunicorn's text handlers by the root logger's JSON one."""
+        self.cfg = cfg
+        self._access_log_enabled = cfg.accesslog is not None
+        configure_logging()
+        for log in (self.error_log, self.access_log):
+            for handler in list(log.handlers):
+                log.removeHandler(handler)
+            log.propagate = True
+            log.setLevel(logging.NOTSET)
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> None:
+        """Logs one request as `http.access`."""
+        if not self._access_log_enabled:
+            return
+        atoms = self.atoms(resp, req, environ, request_time)
+        structlog.get_logger("gunicorn.access").info(
+            "http.access", method=atoms["m"], path=atoms["U"], status=atoms["s"], bytes=atoms["B"],
+            duration_ms=round(request_time.total_seconds() * 1000, 3), remote_addr=atoms["h"],
+            user_agent=atoms["a"])
+
+
+logger_class = JsonLogger
 
 # NOTE: gunicorn's default, pinned on purpose: besides idle keep-alive connections, it bounds (in
 # the gevent worker) the wait for a request's headers and the discarding of a body the app did not
@@ -114,4 +156,4 @@ def child_exit(server: Any, worker: Any) -> None:
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        multiprocess.mark_process_dead(worker.pid)
+        multiprocess.mark_process_dead(worker.pid)  # type: ignore[no-untyped-call]

@@ -1,6 +1,6 @@
 -- Force a retry of one finished job: queue a new job for its prompt that supersedes it.
 --
---   psql "$DATABASE_URL" -v job_id=<uuid> -f sql/ops/retry_job.sql
+--   psql "$DATABASE_URL" -v job_id=<uuid> -f jobqueue/sql/ops/retry_job.sql
 --
 -- Same effect as `sa-core retry-job ID` (jobqueue/engine/control.py, JOB_RETRY_ANY_ORG_IF_FINISHED): in
 -- ONE transaction the old job goes succeeded|failed|cancelled -> superseded and a new queued
@@ -8,7 +8,7 @@
 -- max_attempts and execution options, and attempt 1. Workers wake on the NOTIFY at the end.
 --
 -- The transition trigger sa_job_guard (0001_core_schema.sql) refuses a queued or running job
--- (cancel it first: sql/ops/cancel_job.sql) and an already superseded one, with its message;
+-- (cancel it first: jobqueue/sql/ops/cancel_job.sql) and an already superseded one, with its message;
 -- sa_job_supersedes_unique refuses a second retry of the same job racing this one. Any refusal
 -- rolls the whole transaction back: both changes happen, or neither.
 -- Exit status: 0 retried; 3 refused, unknown id or bad arguments.
@@ -18,7 +18,7 @@
 
 \if :{?job_id}
 \else
-    \echo 'usage: psql "$DATABASE_URL" -v job_id=<uuid> -f sql/ops/retry_job.sql'
+    \echo 'usage: psql "$DATABASE_URL" -v job_id=<uuid> -f jobqueue/sql/ops/retry_job.sql'
     -- NOTE: psql has no "exit with status" command; a failing statement ends the script with 3.
     DO $$ BEGIN RAISE EXCEPTION 'missing variable: -v job_id=<uuid>'; END $$;
 \endif

@@ -1,0 +1,221 @@
+"""The built wheel is a deployment: installed outside the checkout, the Procfile's processes migrate an
+empty database and serve a prompt end to end, and every line they print is JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg.conninfo import make_conninfo
+
+from tests.conftest import wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+API = "/sa-core/v1"
+
+
+def _uv() -> list[str]:
+    """uv as `make venv` finds it: on PATH, as a module, or in the Makefile's bootstrap venv."""
+    if found := shutil.which("uv"):
+        return [found]
+    if subprocess.run([sys.executable, "-m", "uv", "--version"], capture_output=True).returncode == 0:
+        return [sys.executable, "-m", "uv"]
+    bootstrap = REPO / ".sa-core" / "uv-bootstrap" / "bin" / "uv"
+    if bootstrap.exists():
+        return [str(bootstrap)]
+    pytest.fail("uv is needed to build the wheel (run `make venv` once; it installs uv)")
+
+
+def _run(argv: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, **kwargs)
+    assert done.returncode == 0, f"{argv} exited {done.returncode}:\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv, outside the checkout, with only the wheel built from it (and its dependencies)."""
+    uv = _uv()
+    where = tmp_path_factory.mktemp("wheel")
+    env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
+    _run([*uv, "build", "--wheel", "--out-dir", str(where / "dist"), str(REPO)], env=env)
+    wheel = next((where / "dist").glob("sa_core-*.whl"))
+    venv = where / "venv"
+    _run([*uv, "venv", "--python", sys.executable, str(venv)], env=env)
+    install = [*uv, "pip", "install", "--python", str(venv / "bin" / "python"), str(wheel)]
+    # NOTE: from uv's cache when it holds every dependency (`make venv` filled it), else from PyPI.
+    if subprocess.run([*install, "--offline"], capture_output=True, env=env).returncode != 0:
+        _run(install, env=env)
+    return venv
+
+
+@pytest.fixture
+def empty_database(database_url: str) -> Iterator[str]:
+    name = f"sa_wheel_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+    try:
+        yield make_conninfo(database_url, dbname=name)
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+
+
+class Process:
+    """A child started like a Procfile line, whose stdout and stderr lines are collected."""
+
+    def __init__(self, name: str, command: str, env: dict[str, str], cwd: Path) -> None:
+        self.name = name
+        self.lines: list[tuple[str, str]] = []
+        self._lock = threading.Lock()
+        self.child = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], env=env, cwd=cwd,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      process_group=0)
+        self._readers = [threading.Thread(target=self._read, args=(stream, label), daemon=True)
+                         for stream, label in ((self.child.stdout, "stdout"), (self.child.stderr, "stderr"))]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream: IO[str] | None, label: str) -> None:
+        assert stream is not None
+        for line in stream:
+            with self._lock:
+                self.lines.append((label, line.rstrip("\n")))
+
+    def events(self) -> list[dict[str, Any]]:
+        """The JSON lines printed so far (the test fails on the first that is not JSON)."""
+        with self._lock:
+            lines = list(self.lines)
+        return [_parsed(self.name, label, line) for label, line in lines]
+
+    def stop(self, *, signal_first: bool = True) -> int:
+        """SIGTERM (unless it is to end by itself), then waits for its exit code."""
+        if signal_first and self.child.poll() is None:
+            os.killpg(self.child.pid, signal.SIGTERM)
+        code = self.child.wait(timeout=60)
+        for reader in self._readers:
+            reader.join(timeout=10)
+        return code
+
+
+def _parsed(name: str, label: str, line: str) -> dict[str, Any]:
+    try:
+        document = json.loads(line)
+    except ValueError:
+        raise AssertionError(f"{name} printed a line on {label} that is not JSON: {line!r}") from None
+    assert isinstance(document, dict), f"{name} printed a JSON line that is not an object: {line!r}"
+    return document
+
+
+def _procfile() -> dict[str, str]:
+    entries = (line.split(":", 1) for line in (REPO / "Procfile").read_text().splitlines() if line.strip())
+    return {name.strip(): command.strip() for name, command in entries}
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def test_the_wheel_migrates_an_empty_database_and_serves_a_prompt_as_the_procfile_runs_it(
+    installed: Path, empty_database: str, tmp_path: Path,
+) -> None:
+    procfile = _procfile()
+    assert set(procfile) == {"release", "web", "worker"}
+    port = _free_port()
+    # NOTE: nothing of the checkout is reachable: another directory, no PYTHONPATH, the venv's
+    # bin first on PATH, as a deployment's process manager would run it.
+    env = {"PATH": f"{installed / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
+           "DATABASE_URL": empty_database, "PORT": str(port), "WEB_CONCURRENCY": "1",
+           "GUNICORN_CMD_ARGS": "--access-logfile -"}
+    shipped = sorted(p.name.removesuffix(".sql")
+                     for p in (REPO / "jobqueue" / "sql" / "migrations").glob("*.sql"))
+
+    version = _run([str(installed / "bin" / "sa-core"), "--version"], env=env, cwd=tmp_path)
+    assert version.stdout.strip().startswith("sa-core ")
+
+    release = Process("release", procfile["release"], env, tmp_path)
+    assert release.stop(signal_first=False) == 0, release.lines
+    answers = [_parsed("release", label, line) for label, line in release.lines if label == "stdout"]
+    assert answers == [{"applied": shipped}], release.lines
+    assert [e["name"] for e in release.events() if e.get("event") == "migration.applied"] == shipped
+
+    processes = [Process("fake-provider", "sa-core fake-provider --port 0", env, tmp_path)]
+    try:
+        listening = wait_for(lambda: next((e for e in processes[0].events()
+                                           if e.get("event") == "fake_provider.listening"), None))
+        env = {**env, "SA_PROVIDER_URL": listening["url"]}
+        processes += [Process("web", procfile["web"], env, tmp_path),
+                      Process("worker", procfile["worker"], env, tmp_path)]
+        base = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            try:
+                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for(ready, timeout=30, interval=0.1)
+        token = json.loads(_run(["sa-core", "create-token", "--org", "1", "--user", "1", "--json"],
+                                env=env, cwd=tmp_path).stdout)["token"]
+        auth = {"Authorization": f"Bearer {token}"}
+        submitted = httpx.post(f"{base}{API}/prompt", json={"text": "hello from the wheel"},
+                               headers=auth, timeout=10)
+        assert submitted.status_code == 202, submitted.text
+        job_id = submitted.json()["job_id"]
+        wait_for(lambda: httpx.get(f"{base}{API}/jobs/{job_id}", headers=auth,
+                                   timeout=5).json()["state"] == "succeeded", timeout=30, interval=0.1)
+        prompt = httpx.get(f"{base}{API}/prompts/{submitted.json()['prompt_id']}", headers=auth,
+                           timeout=5).json()
+        assert "hello from the wheel" in prompt["response"]["content"]
+    finally:
+        codes = {process.name: process.stop() for process in reversed(processes)}
+    assert codes["web"] == 0 and codes["worker"] == 0, codes
+
+    # NOTE: every line of every process, stdout and stderr, parses (events() fails otherwise).
+    web, worker = (next(p for p in processes if p.name == name).events() for name in ("web", "worker"))
+    assert any(e.get("logger") == "gunicorn.error" for e in web), "gunicorn's own log is JSON"
+    assert any(e.get("event") == "http.access" and e.get("path") == f"{API}/prompt" for e in web)
+    assert any(e.get("event") == "http.request" for e in web)
+    assert any(e.get("event") == "job.finalized" or e.get("job_id") == job_id for e in worker)
+    assert all("level" in e and "timestamp" in e for p in processes for e in p.events())
+
+
+def test_log_level_is_honoured_and_a_bad_one_is_one_line(
+    installed: Path, empty_database: str, tmp_path: Path,
+) -> None:
+    env = {"PATH": f"{installed / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path),
+           "DATABASE_URL": empty_database}
+    quiet = _run(["sa-core", "migrate", "--json"], env={**env, "LOG_LEVEL": "WARNING"}, cwd=tmp_path)
+    assert quiet.stderr == "" and json.loads(quiet.stdout)["applied"]
+    again = _run(["sa-core", "migrate"], env={**env, "LOG_LEVEL": "debug"}, cwd=tmp_path)
+    assert again.stdout == "applied 0 migration(s)\n"
+
+    bad = subprocess.run(["sa-core", "migrate"], env={**env, "LOG_LEVEL": "loud"}, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.splitlines() == ["sa-core: LOG_LEVEL='loud' is not one of debug, info, warning, "
+                                       "error, critical"]
+
+
+def test_the_gunicorn_master_does_not_import_psycopg_before_its_workers_patch_for_gevent() -> None:
+    # NOTE: psycopg chooses its wait function at import; imported by the master (through the
+    # config and its logger), every gevent worker would block on each query, /readyz included.
+    loaded = _run([sys.executable, "-c", "import sys, service.gunicorn_conf; "
+                   "print(sorted(m for m in sys.modules if m.startswith('psycopg')))"], cwd=REPO)
+    assert loaded.stdout.strip() == "[]"
