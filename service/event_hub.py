@@ -383,11 +383,19 @@ class EventHub:
         For `Prefer: wait=N`: the waiting request holds this event, not a pool connection. The
         caller reads the job once after watching (it may have finished before), and always
         calls `unwatch_job`.
+
+        NOTE: returns once the hub is ready, so the caller's read sees every transition up to
+        the hub's cursor and the hub delivers every later one: a job that ended while the hub
+        was starting is not missed.
         """
-        self.ensure_started()
         finished = threading.Event()
         with self._lock:
             self._job_watchers[job_id].add(finished)
+        try:
+            self.wait_ready(self.config.start_timeout)
+        except BaseException:
+            self.unwatch_job(job_id, finished)
+            raise
         return finished
 
     def unwatch_job(self, job_id: uuid.UUID, finished: threading.Event) -> None:
