@@ -92,7 +92,7 @@ def _finalize_params(job_id: uuid.UUID) -> dict[str, Any]:
     return {"job_id": [job_id], "claim": ["bench"], "attempt": [1], "to_state": ["succeeded"],
             "model": ["m"], "tokens_in": [1], "tokens_out": [1], "latency_ms": [1],
             "http_status": [200], "response_id": [uuid.uuid4()], "content": ["answer"],
-            "error_kind": [None], "error_message": [None], "delay": [None]}
+            "error_kind": [None], "error_message": [None], "delay": [None], "spend_attempt": [True]}
 
 
 def _run_threads(url: str, clients: int, seconds: float,

@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.queries import job_event as q
+from jobqueue.core.queries import partial as partial_q
 from jobqueue.core.queries import token as token_q
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
@@ -28,6 +29,8 @@ __all__ = [
     "EventHub",
     "HubConfig",
     "JobEvent",
+    "Live",
+    "OutputDelta",
     "StreamLimitExceeded",
     "Subscription",
     "SubscriptionClosed",
@@ -72,6 +75,7 @@ class JobEvent:
     error_kind: str | None
     response_id: uuid.UUID | None
     at: datetime
+    response_text: str | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobEvent:
@@ -95,7 +99,35 @@ class JobEvent:
             "error_kind": self.error_kind,
             "response_id": self.response_id,
             "at": self.at,
+            "response_text": self.response_text,
         }
+
+
+@dataclass(frozen=True, slots=True)
+class OutputDelta:
+    """Text a streamed attempt appended since the previous delta; no event id (not in the log).
+
+    `offset` is the length of the attempt's text before this piece: 0 starts an attempt (a
+    retry's stream starts over), and a client that read `partial_text` from GET /jobs applies
+    only what lies past what it has.
+    """
+
+    job_id: uuid.UUID
+    prompt_id: uuid.UUID
+    org_id: int
+    created_by: int
+    attempt: int
+    offset: int
+    text: str
+
+    def payload(self) -> dict[str, Any]:
+        """Returns what a client may see (not the org, its own)."""
+        return {"job_id": self.job_id, "prompt_id": self.prompt_id, "attempt": self.attempt,
+                "offset": self.offset, "text": self.text}
+
+
+Live = JobEvent | OutputDelta
+"""What a subscription carries: transitions (with ids, in id order) and output deltas."""
 
 
 class SubscriptionClosed(Exception):
@@ -131,7 +163,7 @@ class Subscription:
         self.token = token
         self.start_after: int | None = None
         self._capacity = capacity
-        self._buffer: deque[JobEvent] = deque()
+        self._buffer: deque[Live] = deque()
         self._cond = threading.Condition(threading.Lock())
         self._closed: str | None = None
 
@@ -159,7 +191,7 @@ class Subscription:
                 raise SubscriptionClosed(self._closed)
             return self.start_after
 
-    def wait(self, timeout: float) -> list[JobEvent]:
+    def wait(self, timeout: float) -> list[Live]:
         """Returns the buffered events, waiting up to `timeout` for one; [] when none came.
 
         Raises:
@@ -181,7 +213,7 @@ class Subscription:
                 self._closed = reason
             self._cond.notify_all()
 
-    def offer(self, events: list[JobEvent]) -> bool:
+    def offer(self, events: list[JobEvent] | list[OutputDelta]) -> bool:
         """Appends events without blocking; False (and nothing appended) when they do not fit."""
         with self._cond:
             if self._closed is not None:
@@ -253,6 +285,10 @@ class EventHub:
         self._draining = threading.Event()
         self._thread: threading.Thread | None = None
         self._listener: NotificationListener | None = None
+        # NOTE: streamed attempts: sa_job_partial read after this seq; each job's (attempt, length)
+        # sent so far, forgotten when its attempt ends.
+        self._partial_after: int | None = None
+        self._partial_sent: dict[uuid.UUID, tuple[int, int]] = {}
         # NOTE: reads completed; tests wait on it (like Worker.claim_rounds).
         self.rounds = 0
 
@@ -453,6 +489,7 @@ class EventHub:
             if held and not full:
                 self._take_barrier(conn)
                 held = self._read_and_deliver(conn)
+            self._read_partials(conn)
         self.rounds += 1
         return held
 
@@ -473,6 +510,35 @@ class EventHub:
             log.info("sse.streams_ended_for_token", tokens=len(ended),
                      streams=before - self.subscriber_count)
         return len(ended)
+
+    def _read_partials(self, conn: DictConnection) -> None:
+        """Turns the growth of streamed attempts' text since the last look into output deltas.
+
+        NOTE: best effort and live only, like the wake-ups: a delta is what a row holds past what
+        was sent, so a rewrite read late or twice repeats nothing and loses nothing.
+        """
+        if self._partial_after is None:
+            row = conn.execute(partial_q.JOB_PARTIAL_SEQ_LAST).fetchone()
+            assert row is not None
+            self._partial_after = int(row["last_seq"])
+            return
+        rows = conn.execute(partial_q.JOB_PARTIAL_LIST_CHANGED,
+                            {"after": self._partial_after}).fetchall()
+        if not rows:
+            return
+        self._partial_after = int(rows[-1]["seq"])
+        deltas: dict[Key, list[OutputDelta]] = defaultdict(list)
+        for r in rows:
+            attempt, sent = self._partial_sent.get(r["job_id"], (r["attempt"], 0))
+            offset = sent if attempt == r["attempt"] and sent <= len(r["text"]) else 0
+            if offset == len(r["text"]):
+                continue
+            self._partial_sent[r["job_id"]] = (r["attempt"], len(r["text"]))
+            delta = OutputDelta(r["job_id"], r["prompt_id"], r["org_id"], r["created_by"],
+                                r["attempt"], offset, r["text"][offset:])
+            deltas[(r["org_id"], r["created_by"])].append(delta)
+            deltas[(r["org_id"], None)].append(delta)
+        self._offer(deltas)
 
     def _take_barrier(self, conn: DictConnection) -> None:
         # NOTE: two statements, in this order (see service/event_horizon.py).
@@ -517,6 +583,24 @@ class EventHub:
         for event in events:
             by_key[(event.org_id, event.created_by)].append(event)
             by_key[(event.org_id, None)].append(event)
+            if event.from_state == "running":
+                self._partial_sent.pop(event.job_id, None)
+        self._offer(by_key, events[-1].id)
+        self._wake_watchers(events)
+
+    def _wake_watchers(self, events: list[JobEvent]) -> None:
+        """Sets the watch of every job that `events` move to a terminal state."""
+        with self._lock:
+            if not self._job_watchers:
+                return
+            for event in events:
+                if event.to_state in TERMINAL:
+                    for finished in self._job_watchers.get(event.job_id, ()):
+                        finished.set()
+
+    def _offer(self, by_key: dict[Key, list[JobEvent]] | dict[Key, list[OutputDelta]],
+               cursor: int | None = None) -> None:
+        """Hands each key's batch to its streams, dropping the ones too far behind."""
         dropped: list[Subscription] = []
         # NOTE: offering and moving the cursor under one lock makes `subscribe` see either all of
         # this batch (live) or none of it (replayed from the table), never half.
@@ -527,12 +611,8 @@ class EventHub:
                         dropped.append(sub)
             for sub in dropped:
                 self._forget(sub)
-            if self._job_watchers:
-                for event in events:
-                    if event.to_state in TERMINAL:
-                        for finished in self._job_watchers.get(event.job_id, ()):
-                            finished.set()
-            self._horizon.advance(events[-1].id)
+            if cursor is not None:
+                self._horizon.advance(cursor)
         for sub in dropped:
             log.warning("sse.client_too_slow", org_id=sub.org_id, user_id=sub.user_id,
                         buffer=self.config.client_buffer)

@@ -19,7 +19,7 @@ from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.core.states import JobState
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from service.auth import API_PREFIX
-from service.resources.events import EVENT_NAME
+from service.resources.events import DELTA_EVENT_NAME, EVENT_NAME
 from service.validation import (
     CURSOR,
     CURSOR_PATTERN,
@@ -39,12 +39,15 @@ from service.validation import (
     prompt_body,
 )
 
-__all__ = ["EVENT_SCHEMA", "OPENAPI_PATH", "OpenApiDocument", "build_openapi"]
+__all__ = ["DELTA_SCHEMA", "EVENT_SCHEMA", "OPENAPI_PATH", "OpenApiDocument", "build_openapi"]
 
 OPENAPI_PATH = f"{API_PREFIX}/openapi.json"
 
 EVENT_SCHEMA = "JobStateChanged"
 """The component that each SSE `job.state_changed` event's `data:` conforms to."""
+
+DELTA_SCHEMA = "OutputDelta"
+"""The component that each SSE `job.output_delta` event's `data:` conforms to."""
 
 Schema = dict[str, Any]
 
@@ -66,6 +69,7 @@ _JOB_EXAMPLE: Schema = {
     "response_id": _RESPONSE_ID, "error_kind": None, "error_message": None, "supersedes": None,
     "org_id": 1, "created_by": 7, "scheduled_for": "2026-11-30T12:00:00+00:00",
     "created_at": "2026-11-30T12:00:00+00:00", "updated_at": _AT,
+    "usage": [{"attempt": 1, "tokens_in": 12, "tokens_out": 48}], "partial_text": None,
 }
 _PROMPT_EXAMPLE: Schema = {
     "id": _PROMPT_ID, "kind": "prompt", "parent_id": None, "correlation_id": _PROMPT_ID,
@@ -76,7 +80,7 @@ _PROMPT_EXAMPLE: Schema = {
 _EVENT_EXAMPLE: Schema = {
     "id": 42, "job_id": _JOB_ID, "prompt_id": _PROMPT_ID, "created_by": 7,
     "from_state": "running", "to_state": "succeeded", "attempt": 1, "error_kind": None,
-    "response_id": _RESPONSE_ID, "at": _AT,
+    "response_id": _RESPONSE_ID, "at": _AT, "response_text": "The spec, in one line.",
 }
 
 _ERROR_EXAMPLES = {
@@ -180,17 +184,29 @@ _NO_BODY: dict[str, Any] = {
 }
 
 _EVENT_FRAME: Schema = {
-    "type": "object",
     "description": "Each event of the stream (Open API 3.1 reads a text/event-stream schema as "
-                   "one event's). `retry:`, lone `id:` and `: keepalive` frames dispatch none.",
-    "required": ["event", "id", "data"],
-    "additionalProperties": False,
-    "properties": {
-        "event": {"type": "string", "const": EVENT_NAME},
-        "id": {"type": "string", "pattern": EVENT_ID_PATTERN},
-        "data": {"type": "string", "contentMediaType": "application/json",
-                 "contentSchema": _ref(EVENT_SCHEMA)},
-    },
+                   "one event's). `retry:`, lone `id:` and `: keepalive` frames dispatch none. "
+                   "A `job.output_delta` has no `id:`: it is not in the log and is not replayed.",
+    "oneOf": [{
+        "type": "object",
+        "required": ["event", "id", "data"],
+        "additionalProperties": False,
+        "properties": {
+            "event": {"type": "string", "const": EVENT_NAME},
+            "id": {"type": "string", "pattern": EVENT_ID_PATTERN},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": _ref(EVENT_SCHEMA)},
+        },
+    }, {
+        "type": "object",
+        "required": ["event", "data"],
+        "additionalProperties": False,
+        "properties": {
+            "event": {"type": "string", "const": DELTA_EVENT_NAME},
+            "data": {"type": "string", "contentMediaType": "application/json",
+                     "contentSchema": _ref(DELTA_SCHEMA)},
+        },
+    }],
 }
 
 _LOCATION = {"Location": {"description": "The job's URL.", "required": True,
@@ -273,6 +289,18 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "supersedes": _nullable(_UUID),
                 "org_id": {"type": "integer"}, "created_by": {"type": "integer"},
                 "scheduled_for": _TIME, "created_at": _TIME, "updated_at": _TIME,
+                "partial_text": _nullable({
+                    "type": "string", "description": "While a streamed attempt runs, the text "
+                    "it has produced so far (rewritten every SA_STREAM_INTERVAL); null otherwise. "
+                    "Never a response: only a succeeded attempt's text becomes one. On GET."}),
+                "usage": {
+                    "type": "array", "description": "Tokens of each attempt that called the "
+                    "provider, oldest first (null where the provider reported none); on GET.",
+                    "items": {"type": "object", "required": ["attempt", "tokens_in", "tokens_out"],
+                              "additionalProperties": False,
+                              "properties": {"attempt": {"type": "integer", "minimum": 1},
+                                             "tokens_in": _nullable({"type": "integer"}),
+                                             "tokens_out": _nullable({"type": "integer"})}}},
                 "after_job_id": _nullable(_UUID),
             },
         },
@@ -344,7 +372,7 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "description": "The `data:` of an SSE `job.state_changed` event: one transition of "
                            "a job (`from_state` null when the job was created).",
             "required": ["id", "job_id", "prompt_id", "created_by", "from_state", "to_state",
-                         "attempt", "error_kind", "response_id", "at"],
+                         "attempt", "error_kind", "response_id", "at", "response_text"],
             "additionalProperties": False,
             "properties": {
                 "id": {"type": "integer", "minimum": 1,
@@ -359,6 +387,25 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                 "error_kind": _nullable({"type": "string", "enum": ERROR_KINDS}),
                 "response_id": _nullable(_UUID),
                 "at": _TIME,
+                "response_text": _nullable({
+                    "type": "string", "description": "The answer, on the event to `succeeded` "
+                                                     "(null on every other)."}),
+            },
+        },
+        DELTA_SCHEMA: {
+            "type": "object",
+            "description": "The `data:` of an SSE `job.output_delta` event: text a streamed "
+                           "attempt appended (coalesced every SA_STREAM_INTERVAL). `offset` 0 "
+                           "starts an attempt: a retry's text starts over. Partial text never "
+                           "becomes a response unless its attempt succeeds.",
+            "required": ["job_id", "prompt_id", "attempt", "offset", "text"],
+            "additionalProperties": False,
+            "properties": {
+                "job_id": _UUID, "prompt_id": _UUID,
+                "attempt": {"type": "integer", "minimum": 1},
+                "offset": {"type": "integer", "minimum": 0,
+                           "description": "Characters of the attempt's text before `text`."},
+                "text": {"type": "string"},
             },
         },
         "Health": {
@@ -495,7 +542,9 @@ def _paths() -> dict[str, Any]:
             "responses": {"200": {**job, "description": "The cancelled job.",
                                   "content": {"application/json": {
                                       "schema": _ref("Job"),
-                                      "example": {**_JOB_EXAMPLE, "state": "cancelled",
+                                      "example": {**{k: v for k, v in _JOB_EXAMPLE.items()
+                                                     if k not in ("usage", "partial_text")},
+                                                  "state": "cancelled",
                                                   "response_id": None,
                                                   "error_message": "cancelled by user 7"}}}},
                           **_errors("400", "401", "404", "409", "413", "415", "422", "503")}}},

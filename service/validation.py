@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import falcon
 
+from jobqueue.core.routes import Routes
 from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
@@ -51,15 +52,19 @@ __all__ = [
     "SINCE_PATTERN",
     "TEXT_PATTERN",
     "UUID_PATTERN",
+    "Choice",
     "Fields",
     "Instant",
     "Integer",
     "Items",
+    "Number",
+    "OneOrMore",
     "Param",
     "PromptRequest",
     "Spec",
     "Text",
     "Uuid",
+    "check_routable",
     "encode_cursor",
     "parse_batch",
     "parse_cursor",
@@ -322,6 +327,71 @@ class Fields:
 
 
 @dataclass(frozen=True)
+class Number:
+    """A finite JSON number within [low, high] (integers too; NaN and Infinity never parse)."""
+
+    low: float
+    high: float
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "number", "minimum": self.low, "maximum": self.high},
+                          self.description)
+
+    def check(self, value: object, name: str) -> float:
+        """Returns the value as a float; raises a 422 naming `name` otherwise."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _invalid(name, "must be a number")
+        if not self.low <= value <= self.high:
+            raise _invalid(name, f"must be between {self.low:g} and {self.high:g}")
+        return float(value)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One string of a fixed list."""
+
+    values: tuple[str, ...]
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "string", "enum": list(self.values)}, self.description)
+
+    def check(self, value: object, name: str) -> str:
+        """Returns the value; raises a 422 naming `name` and the choices otherwise."""
+        if not isinstance(value, str) or value not in self.values:
+            raise _invalid(name, f"must be one of: {', '.join(self.values)}")
+        return value
+
+
+@dataclass(frozen=True)
+class OneOrMore:
+    """One text, or a list of 1 to `max_items` texts (OpenAI's `stop`); always a list once checked."""
+
+    item: Text
+    max_items: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"anyOf": [self.item.schema(),
+                                     {"type": "array", "minItems": 1, "maxItems": self.max_items,
+                                      "items": self.item.schema()}]}, self.description)
+
+    def check(self, value: object, name: str) -> list[str]:
+        """Returns the texts as a list; raises a 422 naming `name` (and the bad item) otherwise."""
+        if isinstance(value, str):
+            return [self.item.check(value, name)]
+        if not isinstance(value, list) or not 1 <= len(value) <= self.max_items:
+            raise _invalid(name, f"must be a string or a list of 1 to {self.max_items} strings")
+        return [self.item.check(item, f"{name}[{i}]") for i, item in enumerate(value)]
+
+
+
+
+@dataclass(frozen=True)
 class Items:
     """A JSON array of 1 to `max_items` objects, each checked by `item`.
 
@@ -356,7 +426,7 @@ class Items:
         return checked
 
 
-Spec = Integer | Text | Uuid | Instant | Items | Fields
+Spec = Integer | Number | Choice | OneOrMore | Text | Uuid | Instant | Items | Fields
 
 
 def _use(spec: Spec) -> Schema:
@@ -365,14 +435,34 @@ def _use(spec: Spec) -> Schema:
     return spec.schema()
 
 
-OPTION_KEYS = ("depth", "model")
+MAX_SYSTEM_CHARS = 100_000
+MAX_STOP_CHARS = 200
+MAX_STOPS = 4
+MAX_OUTPUT_TOKENS = 1_000_000
+MAX_SEED = 2**63 - 1
+
+_OPTION_FIELDS: dict[str, Spec] = {
+    "model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL); it picks the "
+                                   "model route, and a model no route serves answers 422."),
+    "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context."),
+    "system": Text(MAX_SYSTEM_CHARS, "A system prompt, sent first, before the ancestors."),
+    "temperature": Number(0, 2, "Sampling temperature, sent as is."),
+    "top_p": Number(0, 1, "Nucleus sampling mass, sent as is."),
+    "max_tokens": Integer(1, MAX_OUTPUT_TOKENS, description="Most tokens the reply may hold."),
+    "stop": OneOrMore(Text(MAX_STOP_CHARS), MAX_STOPS,
+                      "Where the provider stops: one string or up to four (stored as a list)."),
+    "response_format": Fields(
+        {"type": Choice(("text", "json_object"), "`json_object` asks for JSON mode.")},
+        required=("type",), description="OpenAI's response_format: text or JSON mode."),
+    "seed": Integer(-MAX_SEED - 1, MAX_SEED, description="Sampling seed, for providers that "
+                                                         "honour one.")}
 
 OPTIONS = Fields(
-    {"model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL)."),
-     "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context.")},
-    description="Execution options; only these keys are accepted.",
-    unknown=f"unknown option (allowed: {', '.join(OPTION_KEYS)})", component="ExecutionOptions")
+    _OPTION_FIELDS, description="Execution options; only these keys are accepted.",
+    unknown=f"unknown option (allowed: {', '.join(_OPTION_FIELDS)})", component="ExecutionOptions")
 """The `options` of POST /prompt: what the worker can use (claim.options_error reads the same)."""
+
+OPTION_KEYS = tuple(_OPTION_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -469,6 +559,21 @@ def parse_batch(body: object, max_chars: int) -> list[PromptRequest]:
     """
     checked = prompt_batch_body(max_chars).check(body, "")
     return [_prompt_request(item, BATCH_DEFAULT_PRIORITY) for item in checked["prompts"]]
+
+
+def check_routable(options: dict[str, Any], routes: Routes) -> None:
+    """Refuses a model no route serves, so it is a 422 now rather than a failed job later.
+
+    NOTE: a web process configured with no provider at all (only workers call one) judges
+    nothing; the worker fails such a job as `invalid_options`.
+
+    Raises:
+        falcon.HTTPUnprocessableEntity: `options.model` (or the default model) has no route.
+    """
+    if routes and routes.for_model(options.get("model")) is None:
+        model = options.get("model") or routes.default_model
+        raise _invalid("options.model", f"no route serves model {model!r} (known: "
+                                        f"{', '.join(routes.known_models)})")
 
 
 NO_BODY = Fields({}, description="No body is needed; an empty JSON object is accepted, anything "

@@ -24,13 +24,14 @@ from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.provider import Provider
+from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import Worker, WorkerConfig
 from service.app import create_app
 from service.event_hub import EventHub
 
 TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
-          "sa_job_archive, sa_job_event_archive, sa_ledger_archive")
+          "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -166,9 +167,10 @@ class WorkerHarness:
     def __init__(self, settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
         self.settings = settings
         self.pool = pool
-        self.provider = Provider(settings.provider_url, settings.provider_api_key,
-                                 settings.provider_timeout,
-                                 max_response_bytes=settings.provider_max_response_bytes)
+        self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
+                                               settings.provider_max_response_bytes,
+                                               settings.provider_connect_timeout,
+                                               settings.provider_read_timeout)
         self._running: list[tuple[Worker, threading.Thread]] = []
         self._listeners: list[NotificationListener] = []
         self._completers: list[Completer] = []
@@ -183,7 +185,11 @@ class WorkerHarness:
                                 rate_limit_min_wait=self.settings.rate_limit_min_wait)
         completer = Completer(self.pool)
         self._completers.append(completer)
-        executor = Executor(completer, self.provider, self.settings.provider_model, backoff)
+        gate = RouteGate(self.pool, refresh=self.settings.gate_refresh,
+                         window=self.settings.route_limit_window)
+        executor = Executor(completer, self.providers, backoff, gate,
+                            self.settings.throttle_max_wait, self.pool,
+                            self.settings.stream_interval)
         return Worker(self.pool, executor, replace(base, **config))
 
     def start(self, listen: bool = False, **config: Any) -> Worker:
@@ -209,7 +215,7 @@ class WorkerHarness:
         self._running.clear()
         for completer in self._completers:
             completer.close()
-        self.provider.close()
+        self.providers.close()
 
 
 @pytest.fixture

@@ -71,7 +71,7 @@ BAD_BODIES: list[tuple[str, Any, int]] = [
     ("parent number", {"text": "hi", "parent_id": 7}, 422),
     ("unknown parent", {"text": "hi", "parent_id": str(uuid.uuid4())}, 422),
     ("options not object", {"text": "hi", "options": []}, 422),
-    ("unknown option", {"text": "hi", "options": {"temperature": 1}}, 422),
+    ("unknown option", {"text": "hi", "options": {"logit_bias": 1}}, 422),
     ("depth too deep", {"text": "hi", "options": {"depth": 51}}, 422),
     ("model NUL", {"text": "hi", "options": {"model": "a\u0000"}}, 422),
     ("empty body", b"", 400),

@@ -104,6 +104,9 @@ def test_metrics_after_real_traffic_match_the_database(
     assert delta("sa_job_claim_seconds_count") == 1  # the --once round's one claim statement
     assert delta("sa_job_run_seconds_count") == succeeded
     assert delta("sa_provider_request_seconds_count", outcome="ok") == succeeded
+    tokens = fetch_one(pool, "SELECT sum(tokens_in) AS i, sum(tokens_out) AS o FROM sa_ledger")
+    assert delta("sa_provider_tokens_total", route="default", direction="in") == tokens["i"] > 0
+    assert delta("sa_provider_tokens_total", route="default", direction="out") == tokens["o"] > 0
 
     http = "sa_http_request_seconds_count"
     assert delta(http, route=f"{API}/prompt", method="POST", status="202") == 5

@@ -25,6 +25,8 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import maintenance as maintenance_q
 from jobqueue.core.queries import metrics as metrics_q
+from jobqueue.core.queries import partial as partial_q
+from jobqueue.core.queries import route as route_q
 from jobqueue.engine.claim import DEFAULT_DEPTH
 from tests.helpers import plan_tree
 
@@ -55,7 +57,8 @@ _FINALIZE = {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3,
              "tokens_in": [1] * 3, "tokens_out": [1] * 3, "latency_ms": [1] * 3,
              "http_status": [200, 503, 400], "response_id": [uuid.uuid4(), None, None],
              "content": ["a", None, None], "error_kind": [None, "provider_5xx", "provider_4xx"],
-             "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None]}
+             "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None],
+             "spend_attempt": [True, True, True]}
 _CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4,
           "aging": 300.0}
 
@@ -77,6 +80,16 @@ HOT_PATH = [
                   "error_messages": ["m"] * 3, "as_of": datetime.now(UTC),
                   "stale_after": 300.0, "stuck_after": 900.0}),
     HotStatement("metrics_queue_depth", metrics_q.JOB_QUEUE_DEPTH, {}, job_q.JOB_PLAN_SETTINGS),
+    # NOTE: a streamed attempt's write, once per SA_STREAM_INTERVAL per job, and the route gate's
+    # reads and writes (jobqueue/runtime/gate.py, jobqueue/runtime/streaming.py).
+    HotStatement("partial_append", partial_q.JOB_PARTIAL_APPEND_IF_CLAIMED,
+                 {"job_id": _IDS[0], "claim": "w1", "attempt": 1, "text": "so far"}),
+    HotStatement("partial_changed", partial_q.JOB_PARTIAL_LIST_CHANGED, {"after": 0}),
+    HotStatement("route_pause", route_q.ROUTE_PAUSE, {"route": "r", "seconds": 1.0,
+                                                      "reason": "429"}),
+    HotStatement("route_pauses_active", route_q.ROUTE_PAUSES_ACTIVE, {}),
+    HotStatement("route_window_take", route_q.ROUTE_WINDOW_TAKE,
+                 {"route": "r", "rpm": 10, "tpm": 0, "window": 60.0}),
 ]
 
 

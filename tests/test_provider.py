@@ -316,3 +316,22 @@ def test_a_bad_provider_url_is_a_one_line_error_that_hides_its_password(
     err = capsys.readouterr().err
     assert err.startswith("sa-core: provider URL must be http(s)://")
     assert "hunter2" not in err and err.count("\n") == 1
+
+
+def test_the_read_timeout_ends_a_silent_call_but_not_a_stream_that_keeps_coming() -> None:
+    with FakeProvider() as fake:
+        provider = Provider(fake.url, "", 10.0, read_timeout=0.3)
+        try:
+            with pytest.raises(ProviderFailure) as silent:
+                provider.complete("m", [{"role": "user", "content": "hi [fake:hang]"}])
+            pieces: list[str] = []
+            # NOTE: 26 chunks 0.05 s apart: 1.3 s in all, but never 0.3 s without a byte.
+            streamed = provider.complete(
+                "m", [{"role": "user", "content": " ".join(["w"] * 24) + " [fake:stream-gap=0.05]"}],
+                on_delta=pieces.append)
+        finally:
+            provider.close()
+    assert silent.value.kind is ErrorKind.TIMEOUT
+    assert silent.value.message.startswith("no byte from the provider for SA_PROVIDER_READ_TIMEOUT")
+    assert silent.value.latency_ms < 2000
+    assert streamed.content == "".join(pieces) and len(pieces) == 26

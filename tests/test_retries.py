@@ -82,15 +82,17 @@ def test_exhausted_budget_fails_with_the_last_error(
     assert "exhausted after 2 attempts" in job["error_message"]
 
 
-def test_rate_limit_honours_retry_after(
+def test_rate_limit_honours_retry_after_and_keeps_the_attempt(
     client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
     pool: ConnectionPool[DictConnection],
 ) -> None:
     job_id = submit(client, auth, text="busy [fake:429=0.7]")["job_id"]
     workers.build().run(once=True)
     job = fetch_one(pool, JOB_AND_LAST_CALL, job_id)
-    assert (job["state"], job["attempt"], job["error_kind"]) == ("queued", 2, "rate_limit")
+    # NOTE: throttling is the provider's state, not the job's failure (tests/test_throttle.py).
+    assert (job["state"], job["attempt"], job["error_kind"]) == ("queued", 1, "rate_limit")
     assert job["delay"] == timedelta(seconds=0.7)
+    assert "attempt kept" in job["error_message"]
 
 
 def test_rate_limit_without_retry_after_waits_at_least_the_minimum(

@@ -54,6 +54,8 @@ class Stream:
     """Parsed frames of one SSE response: dispatched events, `id:`-only frames and comments."""
 
     events: list[dict[str, Any]] = field(default_factory=list)
+    deltas: list[dict[str, Any]] = field(default_factory=list)
+    order: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     ids_only: list[int] = field(default_factory=list)
     comments: list[str] = field(default_factory=list)
     status: str = ""
@@ -70,11 +72,16 @@ class Stream:
                     continue
                 name, _, value = line.partition(":")
                 fields[name] = value.lstrip(" ")
-            if "data" in fields:
+            if "data" in fields and fields["event"] == "job.output_delta":
+                assert "id" not in fields, "a delta must not move Last-Event-ID"
+                self.deltas.append(json.loads(fields["data"]))
+                self.order.append((fields["event"], self.deltas[-1]))
+            elif "data" in fields:
                 assert fields["event"] == "job.state_changed"
                 data = json.loads(fields["data"])
                 assert int(fields["id"]) == data["id"]
                 self.events.append(data)
+                self.order.append((fields["event"], data))
             elif "id" in fields:
                 self.ids_only.append(int(fields["id"]))
         self.started.set()

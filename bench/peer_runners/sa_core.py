@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib.metadata import version
 from typing import Any
@@ -51,11 +51,13 @@ from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
 from jobqueue.core.policy import BackoffConfig
 from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
+from jobqueue.core.routes import Route, Routes
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.provider import Completion, Provider
+from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.provider import Completion, Provider, RoutedProviders
 from jobqueue.runtime.worker import Worker, WorkerConfig
 
 CALLER = Caller(org_id=1, user_id=1)
@@ -89,7 +91,8 @@ class StubProvider(Provider):
         pass
 
     def complete(self, model: str, messages: list[dict[str, str]],
-                 on_delta: Callable[[str], None] | None = None) -> Completion:
+                 on_delta: Callable[[str], None] | None = None,
+                 params: Mapping[str, Any] | None = None) -> Completion:
         now = time.time()
         with self._lock:
             if self.first_call is None:
@@ -214,7 +217,10 @@ class Runner:
         self.stops.append(pool.close)
         completer = Completer(pool)
         self.stops.append(completer.close)
-        executor = Executor(completer, self.stub, "noop", BackoffConfig())
+        routes = Routes((Route("default", "http://stub.invalid"),), "noop")
+        gate = RouteGate(pool, refresh=0.5, window=60.0)
+        executor = Executor(completer, RoutedProviders(routes, {"default": self.stub}),
+                            BackoffConfig(), gate, 3600.0, pool, 0.075)
         worker = Worker(pool, executor, WorkerConfig(concurrency=self.concurrency))
         listener = NotificationListener(self.url, JOB_QUEUED_LISTEN, worker.on_job_queued,
                                         worker.wake).start()

@@ -19,7 +19,9 @@ __all__ = [
     "HTTP_REQUEST_SECONDS",
     "OLDEST_QUEUED_SECONDS",
     "PROVIDER_REQUEST_SECONDS",
+    "PROVIDER_TOKENS",
     "QUEUE_DEPTH",
+    "ROUTE_THROTTLED",
     "RUN_SECONDS",
     "SSE_STREAMS_OPEN",
     "TRANSITIONS",
@@ -47,6 +49,14 @@ CLAIM_SECONDS = Histogram("sa_job_claim_seconds", "Claim statements (pool checko
 RUN_SECONDS = Histogram("sa_job_run_seconds", "From claim to finalize.", buckets=_LATENCY_BUCKETS)
 PROVIDER_REQUEST_SECONDS = Histogram("sa_provider_request_seconds", "Provider calls by outcome.",
                                      ["outcome"], buckets=_LATENCY_BUCKETS)
+PROVIDER_TOKENS = Counter("sa_provider_tokens_total",
+                          "Tokens the provider reported, by model route and direction (in, out).",
+                          ["route", "direction"])
+# NOTE: an extension of the contract's list: one count per throttling episode (a route that was
+# running is paused), by `reason` (`429` from the provider, `limit` for a configured RPM/TPM).
+ROUTE_THROTTLED = Counter("sa_route_throttled_total",
+                          "Model routes paused for every worker, by route and reason.",
+                          ["route", "reason"])
 HTTP_REQUEST_SECONDS = Histogram("sa_http_request_seconds", "HTTP requests served.",
                                  ["route", "method", "status"], buckets=_LATENCY_BUCKETS)
 

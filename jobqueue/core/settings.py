@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load_routes
+
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL", "DEFAULT_PRIORITY_AGING",
            "KEY_TTL_SECONDS", "Settings", "SettingsError", "notify_interval"]
 
@@ -132,7 +134,10 @@ class Settings:
     provider_api_key: str
     provider_model: str
     provider_timeout: float = 180.0
+    provider_connect_timeout: float = 10.0
+    provider_read_timeout: float = 0.0
     provider_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
+    provider_routes: tuple[Route, ...] = ()
     heartbeat_interval: float = 30.0
     stale_after: float = 300.0
     stuck_after: float = 900.0
@@ -141,6 +146,9 @@ class Settings:
     backoff_base: float = 5.0
     backoff_cap: float = 3600.0
     rate_limit_min_wait: float = 60.0
+    throttle_max_wait: float = 3600.0
+    route_limit_window: float = 60.0
+    stream_interval: float = 0.075
     shutdown_grace: float = 30.0
     listen: bool = True
     max_prompt_chars: int = 100_000
@@ -179,6 +187,10 @@ class Settings:
         database_url = env.get("DATABASE_URL", "")
         if not database_url:
             raise SettingsError("DATABASE_URL is not set (use `sa-core dev` for a local database)")
+        try:
+            routes = load_routes(env)
+        except RouteError as exc:
+            raise SettingsError(str(exc)) from None
         direct_database_url = env.get("SA_DIRECT_DATABASE_URL") or database_url
         return cls(
             database_url=database_url,
@@ -187,8 +199,11 @@ class Settings:
             provider_api_key=env.get("SA_PROVIDER_API_KEY", ""),
             provider_model=env.get("SA_PROVIDER_MODEL", "gpt-4o-mini"),
             provider_timeout=_float(env, "SA_PROVIDER_TIMEOUT", 180.0),
+            provider_connect_timeout=_float(env, "SA_PROVIDER_CONNECT_TIMEOUT", 10.0),
+            provider_read_timeout=_seconds_or_off(env, "SA_PROVIDER_READ_TIMEOUT", 0.0),
             provider_max_response_bytes=_int(env, "SA_PROVIDER_MAX_RESPONSE_BYTES",
                                              DEFAULT_MAX_RESPONSE_BYTES),
+            provider_routes=routes,
             heartbeat_interval=_float(env, "SA_HEARTBEAT_INTERVAL", 30.0),
             stale_after=_float(env, "SA_STALE_AFTER", 300.0),
             stuck_after=_float(env, "SA_STUCK_AFTER", 900.0),
@@ -197,6 +212,9 @@ class Settings:
             backoff_base=_float(env, "SA_BACKOFF_BASE", 5.0),
             backoff_cap=_float(env, "SA_BACKOFF_CAP", 3600.0),
             rate_limit_min_wait=_float(env, "SA_RATE_LIMIT_MIN_WAIT", 60.0, minimum=-1.0),
+            throttle_max_wait=_float(env, "SA_THROTTLE_MAX_WAIT", 3600.0, minimum=-1.0),
+            route_limit_window=_float(env, "SA_ROUTE_LIMIT_WINDOW", 60.0),
+            stream_interval=_float(env, "SA_STREAM_INTERVAL", 0.075),
             shutdown_grace=_float(env, "SA_SHUTDOWN_GRACE", 30.0, minimum=-1.0),
             listen=env.get("SA_LISTEN", "1") != "0",
             max_prompt_chars=_int(env, "SA_MAX_PROMPT_CHARS", 100_000),
@@ -234,6 +252,17 @@ class Settings:
             leader_keepalive_interval=_int(env, "SA_LEADER_KEEPALIVE_INTERVAL", 10),
             leader_keepalive_count=_int(env, "SA_LEADER_KEEPALIVE_COUNT", 3),
         )
+
+    @property
+    def gate_refresh(self) -> float:
+        """How stale a worker's copy of the route pauses may be: the poll interval, at most 0.5 s."""
+        return min(self.poll_interval, 0.5)
+
+    @property
+    def routes(self) -> Routes:
+        """Every model route: SA_PROVIDER_ROUTES(_FILE), then `default` from SA_PROVIDER_*."""
+        return default_routes(self.provider_routes, self.provider_url, self.provider_api_key,
+                              self.provider_model)
 
     @property
     def worker_database_url(self) -> str:

@@ -23,7 +23,16 @@ latency combines with the rest, otherwise the first failure marker in text order
   valid JSON that Postgres cannot store.
 
 A body with ``"stream": true`` gets the reply as OpenAI's server-sent chunks (one per word, a
-last chunk with ``finish_reason`` and ``usage``, then ``data: [DONE]``), chunked transfer encoding.
+last chunk with ``finish_reason`` and ``usage``, then ``data: [DONE]``), chunked transfer encoding;
+``[fake:stream-gap=S]`` paces the chunks, ``[fake:stream-cut=N]`` drops the first such answer
+after N chunks.
+
+``POST /openai/deployments/NAME/chat/completions?api-version=V`` is Azure's path: without an
+``api-version`` it answers 404, and errors use Azure's body. With ``api_key`` configured, a call
+without the key answers 401 (``Authorization: Bearer KEY``; Azure paths ``api-key: KEY``).
+``flavour`` picks the error bodies elsewhere: OpenAI's, vLLM's or Ollama's. With
+``throttle_seconds``, every chat call answers 429 (``Retry-After: throttle_retry_after``) for
+that long after the first one: a provider throttling the whole deployment.
 
 Server-wide knobs live in :class:`FakeConfig`. ``GET /healthz`` answers ``{"ok": true}``.
 """
@@ -43,6 +52,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -56,6 +66,8 @@ __all__ = ["FakeConfig", "FakeProvider", "add_arguments", "config_from_args", "s
 _log = structlog.get_logger(__name__)
 
 _CHAT_PATHS = frozenset({"/chat/completions", "/v1/chat/completions"})
+_AZURE_PATH_RE = re.compile(r"/openai/deployments/[^/]+/chat/completions")
+_FLAVOURS = ("openai", "azure", "vllm", "ollama")
 _MARKER_RE = re.compile(r"\[fake:([^\]\s]+)\]")
 _CLIENT_ERRORS = frozenset({400, 401, 403, 404, 422})
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -74,6 +86,10 @@ class FakeConfig:
     hang_rate: float = 0.0
     seed: int | None = None
     verbose: bool = False
+    api_key: str | None = None
+    flavour: str = "openai"
+    throttle_seconds: float = 0.0
+    throttle_retry_after: str | None = "1"
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency) and self.latency >= 0):
@@ -81,6 +97,8 @@ class FakeConfig:
         for name in ("fail_rate", "rate_limit_rate", "hang_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
+        if self.flavour not in _FLAVOURS:
+            raise ValueError(f"flavour must be one of: {', '.join(_FLAVOURS)}")
 
 
 @dataclass(frozen=True)
@@ -110,6 +128,9 @@ class _Server(ThreadingHTTPServer):
         self.served = 0
         self.bodies: deque[dict[str, Any]] = deque(maxlen=_RECEIVED_MAX)
         self.flaky_seen: dict[str, int] = {}
+        self.first_call: float | None = None
+        self.streams_cut = 0
+        self.arrivals: deque[tuple[float, bool]] = deque(maxlen=_RECEIVED_MAX)
         self.conns: set[socket.socket] = set()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -168,6 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
+        self.flavour = self.server.config.flavour
         with self.server.lock:
             self.server.conns.add(self.connection)
 
@@ -211,11 +233,30 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._read_body()
         if raw is None:
             return
-        if self.path not in _CHAT_PATHS:
+        url = urllib.parse.urlsplit(self.path)
+        azure = _AZURE_PATH_RE.fullmatch(url.path) is not None
+        self.flavour = "azure" if azure else self.server.config.flavour
+        if url.path not in _CHAT_PATHS and not azure:
             self._send_error(404, "Not found")
             return
         with self.server.lock:
             self.server.served += 1
+            now = time.monotonic()
+            if self.server.first_call is None:
+                self.server.first_call = now
+            throttled = now - self.server.first_call < self.server.config.throttle_seconds
+            self.server.arrivals.append((now, throttled))
+        if throttled:
+            retry_after = self.server.config.throttle_retry_after
+            self._send_error(429, "Rate limit reached for requests",
+                             {"Retry-After": retry_after} if retry_after else None)
+            return
+        if azure and "api-version" not in urllib.parse.parse_qs(url.query):
+            self._send_error(404, "Resource not found")
+            return
+        if not self._authorized(azure):
+            self._send_error(401, _UNAUTHORIZED[self.flavour])
+            return
         try:
             body = json.loads(raw)
         except ValueError:
@@ -236,6 +277,15 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._answer(outcome, body["model"], messages, raw, body.get("stream") is True)
 
+    def _authorized(self, azure: bool) -> bool:
+        """Azure's deployments take the key as `api-key`; everyone else as a Bearer token."""
+        key = self.server.config.api_key
+        if key is None:
+            return True
+        if azure:
+            return self.headers.get("api-key") == key
+        return self.headers.get("Authorization") == f"Bearer {key}"
+
     def _answer(self, outcome: _Outcome, model: str, messages: list[dict[str, str]],
                 raw: bytes, stream: bool) -> None:
         if outcome.kind in ("ok", "bytes", "nul", "surrogate"):
@@ -243,7 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
             if outcome.kind == "bytes":
                 completion["choices"][0]["message"]["content"] = "x" * int(outcome.amount)
             if stream:
-                self._stream(completion)
+                self._stream(completion, _stream_plan(self.server, messages))
             else:
                 self._send_json(200, completion)
         elif outcome.kind == "drip":
@@ -271,7 +321,8 @@ class _Handler(BaseHTTPRequestHandler):
             except OSError:
                 return
 
-    def _stream(self, completion: dict[str, Any]) -> None:
+    def _stream(self, completion: dict[str, Any], plan: tuple[float, int | None]) -> None:
+        gap, cut_after = plan
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -285,8 +336,21 @@ class _Handler(BaseHTTPRequestHandler):
                        "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                        "usage": completion["usage"]})
         events = [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks]
-        for event in [*events, b"data: [DONE]\n\n", b""]:
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+        for n, event in enumerate([*events, b"data: [DONE]\n\n", b""]):
+            if n == cut_after:
+                # NOTE: the connection drops mid-answer, as a provider restart would do it.
+                self.close_connection = True
+                return
+            try:
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(event), event))
+                self.wfile.flush()
+            except OSError:
+                with self.server.lock:
+                    self.server.streams_cut += 1
+                self.close_connection = True
+                return
+            if gap and event and self.server.stop_event.wait(gap):
+                return
 
     def _hang(self) -> None:
         # NOTE: poll rather than sleep once, so stop() is prompt and a client that gave up
@@ -303,9 +367,7 @@ class _Handler(BaseHTTPRequestHandler):
                 self.server.stop_event.wait(_POLL_S)  # NOTE: pipelined bytes; avoid a busy loop.
 
     def _send_error(self, status: int, message: str, headers: dict[str, str] | None = None) -> None:
-        kind = _ERROR_TYPES.get(status, "server_error")
-        error = {"message": message, "type": kind, "param": None, "code": str(status)}
-        self._send_json(status, {"error": error}, headers)
+        self._send_json(status, _error_body(self.flavour, status, message), headers)
 
     def _send_json(self, status: int, payload: dict[str, Any],
                    headers: dict[str, str] | None = None) -> None:
@@ -319,6 +381,47 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
+
+
+_UNAUTHORIZED = {
+    "openai": "Incorrect API key provided.",
+    "azure": "Access denied due to invalid subscription key or wrong API endpoint. Make sure to "
+             "provide a valid key for an active subscription and use a correct regional API "
+             "endpoint for your resource.",
+    "vllm": "Unauthorized",
+    "ollama": "unauthorized",
+}
+
+
+def _error_body(flavour: str, status: int, message: str) -> dict[str, Any]:
+    """An error body as each server family writes it (their documented or observed shapes)."""
+    if flavour == "azure":
+        return {"error": {"code": str(status), "message": message}}
+    if flavour == "vllm":
+        return {"object": "error", "message": message,
+                "type": "BadRequestError" if status < 500 else "InternalServerError",
+                "param": None, "code": status}
+    if flavour == "ollama":
+        return {"error": message}
+    kind = _ERROR_TYPES.get(status, "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": str(status)}}
+
+
+def _stream_plan(server: _Server, messages: list[dict[str, str]]) -> tuple[float, int | None]:
+    """A streamed answer's pace and cut from the last user message's markers:
+    ``[fake:stream-gap=S]`` waits S seconds after each chunk; ``[fake:stream-cut=N]`` drops the
+    connection after N chunks, the first time this exact text asks (later asks stream whole)."""
+    text = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
+    gap, cut = 0.0, None
+    for token in _MARKER_RE.findall(text):
+        if token.startswith("stream-gap="):
+            gap = _nonneg_float(token[11:]) or 0.0
+        elif token.startswith("stream-cut=") and token[11:].isdigit():
+            with server.lock:
+                seen = server.flaky_seen.get("cut:" + text, 0)
+                server.flaky_seen["cut:" + text] = seen + 1
+            cut = int(token[11:]) if seen == 0 else None
+    return gap, cut
 
 
 def _nonneg_float(text: str) -> float | None:
@@ -403,6 +506,20 @@ class FakeProvider:
         server = self._require()
         with server.lock:
             return copy.deepcopy(list(server.bodies))
+
+    @property
+    def streams_cut(self) -> int:
+        """Streamed answers the client stopped reading before their end (its socket closed)."""
+        server = self._require()
+        with server.lock:
+            return server.streams_cut
+
+    @property
+    def arrivals(self) -> list[tuple[float, bool]]:
+        """(time.monotonic() at arrival, answered 429 by the throttle) of the last 1000 chat calls."""
+        server = self._require()
+        with server.lock:
+            return list(server.arrivals)
 
     @property
     def requests_served(self) -> int:
@@ -502,6 +619,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hang-rate", type=_fraction, default=0.0, help="probability of no answer")
     parser.add_argument("--seed", type=int, default=None, help="seed for the random choices")
     parser.add_argument("--verbose", action="store_true", help="log one line per request")
+    parser.add_argument("--api-key", default=None,
+                        help="require this key (Bearer; `api-key` on Azure deployment paths)")
+    parser.add_argument("--throttle-seconds", type=_seconds, default=0.0,
+                        help="answer every call 429 for this long after the first one")
+    parser.add_argument("--flavour", choices=_FLAVOURS, default="openai",
+                        help="whose error bodies to answer with (Azure paths always Azure's)")
 
 
 def config_from_args(args: argparse.Namespace) -> FakeConfig:
@@ -518,4 +641,5 @@ def config_from_args(args: argparse.Namespace) -> FakeConfig:
     """
     return FakeConfig(latency=args.latency, fail_rate=args.fail_rate,
                       rate_limit_rate=args.rate_limit_rate, hang_rate=args.hang_rate,
-                      seed=args.seed, verbose=args.verbose)
+                      seed=args.seed, verbose=args.verbose, api_key=args.api_key,
+                      flavour=args.flavour, throttle_seconds=args.throttle_seconds)

@@ -25,7 +25,8 @@ from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.core.states import JobState
 from jobqueue.engine import transitions
 
-__all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "ClaimedJob", "Undecodable", "claim", "options_error"]
+__all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "SENT_OPTIONS", "ClaimedJob", "Undecodable", "claim",
+           "options_error"]
 
 log = structlog.get_logger(__name__)
 
@@ -35,6 +36,9 @@ DEFAULT_DEPTH = 10
 
 MAX_DEPTH = 50
 """Most ancestors a job may ask for; POST /prompt refuses more (service/validation.py)."""
+
+SENT_OPTIONS = ("temperature", "top_p", "max_tokens", "stop", "response_format", "seed")
+"""Options passed to the provider's request body as they were validated at submit."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ class ClaimedJob:
     created_at: datetime
     scheduled_for: datetime
     claimed_at: datetime
+    throttled_at: datetime | None
     claim: str
     claimed_monotonic: float
     context: list[dict[str, str]]
@@ -76,7 +81,7 @@ def _lenient_loads(data: str | bytes) -> Any:
 def options_error(options: object) -> str | None:
     """Returns why the worker cannot run a job with these execution_options, or None.
 
-    Decodes what the worker reads (`depth`, `model`) as strictly as POST /prompt validates it;
+    Decodes what the worker reads (`depth`, `model`, `system`) as strictly as POST /prompt validates it;
     the claim statement reads a depth it accepts the same way, and no ancestor otherwise.
     """
     if isinstance(options, Undecodable):
@@ -87,8 +92,9 @@ def options_error(options: object) -> str | None:
         depth = options["depth"]
         if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH:
             return f"execution_options.depth must be an integer within 0..{MAX_DEPTH}, got {depth!r:.80}"
-    if "model" in options and not isinstance(options["model"], str):
-        return f"execution_options.model must be a string, got {options['model']!r:.80}"
+    for name in ("model", "system"):
+        if name in options and not isinstance(options[name], str):
+            return f"execution_options.{name} must be a string, got {options[name]!r:.80}"
     return None
 
 
@@ -148,7 +154,8 @@ def claim(
             priority=r["priority"], attempt=r["attempt"], max_attempts=r["max_attempts"],
             options=r["execution_options"], supersedes=r["supersedes"],
             created_at=r["created_at"], scheduled_for=r["scheduled_for"],
-            claimed_at=r["claimed_at"], claim=worker_claim, claimed_monotonic=now,
+            claimed_at=r["claimed_at"], throttled_at=r["throttled_at"], claim=worker_claim,
+            claimed_monotonic=now,
             context=r["context"],
         )
         for r in rows

@@ -27,6 +27,7 @@ __all__ = [
     "requeued",
     "response_id_for",
     "succeeded",
+    "throttled",
 ]
 
 log = structlog.get_logger(__name__)
@@ -38,15 +39,16 @@ RESPONSE_NAMESPACE = uuid.UUID("5d0c8f3e-2a61-4c1f-9a57-9b1f0f3c7a10")
 # NOTE: the columns of JOB_SET_STATE_IF_RUNNING_MANY's batch, one array each.
 _COLUMNS = ("job_id", "claim", "attempt", "to_state", "model", "tokens_in", "tokens_out",
             "latency_ms", "http_status", "response_id", "content", "error_kind", "error_message",
-            "delay")
+            "delay", "spend_attempt")
 
 
 @dataclass(frozen=True)
 class CallRecord:
-    """What the ledger keeps about one provider call."""
+    """What the ledger keeps about one provider call; `latency_ms` None: no call was made, and
+    the ledger gets no row."""
 
     model: str
-    latency_ms: int
+    latency_ms: int | None
     http_status: int | None
     tokens_in: int | None = None
     tokens_out: int | None = None
@@ -70,12 +72,13 @@ def response_id_for(job: ClaimedJob) -> uuid.UUID:
 
 def _finish(job: ClaimedJob, to_state: JobState, call: CallRecord, *,
             error_kind: ErrorKind | None = None, delay: float | None = None,
-            **outcome: object) -> Finish:
+            spend_attempt: bool = True, **outcome: object) -> Finish:
     row: dict[str, object] = dict.fromkeys(_COLUMNS)
     row.update(job_id=job.id, claim=job.claim, attempt=job.attempt, to_state=to_state.value,
                model=call.model, tokens_in=call.tokens_in, tokens_out=call.tokens_out,
                latency_ms=call.latency_ms, http_status=call.http_status,
-               error_kind=error_kind.value if error_kind else None, delay=delay, **outcome)
+               error_kind=error_kind.value if error_kind else None, delay=delay,
+               spend_attempt=spend_attempt, **outcome)
     return Finish(job, to_state, error_kind, delay, row)
 
 
@@ -87,6 +90,13 @@ def succeeded(job: ClaimedJob, content: str, call: CallRecord) -> Finish:
 def requeued(job: ClaimedJob, kind: ErrorKind, message: str, delay: float, call: CallRecord) -> Finish:
     """The job goes back to the queue for its next attempt, `delay` seconds from the write."""
     return _finish(job, JobState.QUEUED, call, error_kind=kind, error_message=message, delay=delay)
+
+
+def throttled(job: ClaimedJob, message: str, delay: float, call: CallRecord) -> Finish:
+    """The job goes back to the queue with the same attempt, due when its route's pause ends:
+    a provider's rate limit is not the job's failure."""
+    return _finish(job, JobState.QUEUED, call, error_kind=ErrorKind.RATE_LIMIT,
+                   error_message=message, delay=delay, spend_attempt=False)
 
 
 def failed(job: ClaimedJob, kind: ErrorKind, message: str, call: CallRecord) -> Finish:
@@ -135,7 +145,8 @@ def _settled(pool: ConnectionPool[DictConnection], f: Finish, dependents: int) -
 def _record(f: Finish, now: float) -> None:
     """Records one written finalize (metric and log line)."""
     metrics.RUN_SECONDS.observe(now - f.job.claimed_monotonic)
-    transitions.record("job.finalized", JobState.RUNNING, f.to_state, error_kind=f.error_kind,
+    transitions.record("job.throttled" if f.row["spend_attempt"] is False else "job.finalized",
+                       JobState.RUNNING, f.to_state, error_kind=f.error_kind,
                        job_id=str(f.job.id), prompt_id=str(f.job.prompt_id), org_id=f.job.org_id,
                        attempt=f.job.attempt, worker_id=f.job.claim,
                        latency_ms=f.row["latency_ms"],

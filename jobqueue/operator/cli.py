@@ -37,8 +37,9 @@ from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.maintenance import MaintenanceLeader
-from jobqueue.runtime.provider import Provider
+from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
 
 __all__ = ["main"]
@@ -57,12 +58,14 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Callable[[], None]]:
     """Wires a worker from settings; returns it with the function that releases its resources."""
-    if not settings.provider_url:
-        raise UsageError("SA_PROVIDER_URL is not set (try `sa-core fake-provider`)")
+    if not settings.routes:
+        raise UsageError("SA_PROVIDER_URL is not set, nor SA_PROVIDER_ROUTES(_FILE) "
+                         "(try `sa-core fake-provider`)")
     try:
-        provider = Provider(settings.provider_url, settings.provider_api_key,
-                            settings.provider_timeout,
-                            max_response_bytes=settings.provider_max_response_bytes)
+        providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
+                                          settings.provider_max_response_bytes,
+                                          settings.provider_connect_timeout,
+                                          settings.provider_read_timeout)
     except ValueError as exc:
         # NOTE: one line, no traceback: the message hides passwords, a traceback would not.
         raise UsageError(str(exc)) from None
@@ -73,11 +76,13 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     completer = Completer(pool)
-    executor = Executor(completer, provider, settings.provider_model, backoff)
+    gate = RouteGate(pool, refresh=settings.gate_refresh, window=settings.route_limit_window)
+    executor = Executor(completer, providers, backoff, gate, settings.throttle_max_wait, pool,
+                        settings.stream_interval)
 
     def close() -> None:
         completer.close()
-        provider.close()
+        providers.close()
         pool.close()
 
     return Worker(pool, executor, config), close

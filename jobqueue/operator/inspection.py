@@ -15,7 +15,8 @@ from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import inspection as q
 from jobqueue.core.states import JobState
 
-__all__ = ["JobDetails", "OrgFigures", "QueueMetrics", "job_details", "list_jobs", "queue_metrics"]
+__all__ = ["JobDetails", "OrgFigures", "QueueMetrics", "job_details", "list_jobs", "queue_metrics",
+           "usage"]
 
 Row = dict[str, Any]
 
@@ -183,3 +184,12 @@ def queue_metrics(pool: ConnectionPool[DictConnection], since: datetime) -> Queu
     for row in errors:
         figures(row).errors_by_kind[row["error_kind"]] = row["errors"]
     return QueueMetrics(since=since, overall=overall, orgs=[orgs[k] for k in sorted(orgs)])
+
+
+def usage(pool: ConnectionPool[DictConnection], since: datetime, org_id: int | None) -> list[Row]:
+    """Provider calls and tokens since `since`, per org and model, archived calls included.
+
+    `counted_calls` is how many calls reported their tokens (a provider may report none).
+    """
+    with pool.connection() as conn:
+        return conn.execute(q.LEDGER_USAGE_SINCE, {"since": since, "org_id": org_id}).fetchall()

@@ -26,6 +26,7 @@ from jobqueue.operator.inspection import (
     job_details,
     list_jobs,
     queue_metrics,
+    usage,
 )
 from jobqueue.runtime.archive import Archiver
 
@@ -293,8 +294,24 @@ def _archive_old_jobs(args: argparse.Namespace) -> int:
     return with_cli_pool(run, args.json)
 
 
+def _usage(args: argparse.Namespace) -> int:
+    def run(pool: ConnectionPool[DictConnection]) -> Answer:
+        since = args.since or parse_instant(_DEFAULT_WINDOW)
+        rows = usage(pool, since, args.org)
+        totals = ["all", "", sum(r["calls"] for r in rows), sum(r["tokens_in"] for r in rows),
+                  sum(r["tokens_out"] for r in rows)]
+        lines = [f"provider usage since {_when(since)}" + ("" if args.org is None
+                                                           else f", org {args.org}"), _table(
+            ["org", "model", "calls", "tokens_in", "tokens_out"],
+            [[r["org_id"], r["model"], r["calls"], r["tokens_in"], r["tokens_out"]]
+             for r in rows] + [totals])]
+        return Answer("\n".join(lines), {"since": since, "org_id": args.org, "items": rows})
+
+    return with_cli_pool(run, args.json)
+
+
 def add_operator_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds list-jobs, job-details, queue-metrics and archive-old-jobs to `sa-core`'s subcommands."""
+    """Adds list-jobs, job-details, queue-metrics, usage and archive-old-jobs to `sa-core`'s subcommands."""
     listing = sub.add_parser("list-jobs", help="list jobs of any org, newest first",
                              epilog=_EXIT_CODES)
     listing.add_argument("--state", choices=[state.value for state in JobState], metavar="S",
@@ -321,6 +338,14 @@ def add_operator_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
                          help=f"window of the latency and error figures (default 24h): {_INSTANT_HELP}")
     metrics.add_argument("--json", action="store_true", help="print a JSON document")
     metrics.set_defaults(func=_queue_metrics)
+
+    spent = sub.add_parser("usage", help="provider calls and tokens per org and model over a time "
+                                         "range (archived jobs included)", epilog=_EXIT_CODES)
+    spent.add_argument("--org", type=_bounded(0, 2**63 - 1), metavar="N", help="only org N")
+    spent.add_argument("--since", type=_instant, default=None, metavar="T",
+                       help=f"start of the range (default 24h ago): {_INSTANT_HELP}")
+    spent.add_argument("--json", action="store_true", help="print a JSON document")
+    spent.set_defaults(func=_usage)
 
     archive = sub.add_parser(
         "archive-old-jobs",

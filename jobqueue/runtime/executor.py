@@ -6,15 +6,22 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from enum import StrEnum
 
 import structlog
+from psycopg_pool import ConnectionPool
 
+from jobqueue.core import metrics
+from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import BackoffConfig, ErrorKind, RetryAction, decide
+from jobqueue.core.routes import Route
 from jobqueue.engine import finalize
-from jobqueue.engine.claim import ClaimedJob
+from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
 from jobqueue.runtime.completer import Completer
-from jobqueue.runtime.provider import Provider, ProviderFailure
+from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.provider import ProviderFailure, RoutedProviders
+from jobqueue.runtime.streaming import CallAbandoned, PartialWriter
 
 __all__ = ["Executor", "Outcome", "RunControl"]
 
@@ -71,15 +78,20 @@ class Executor:
     """Runs claimed jobs against the provider; shared by all of a worker's job threads."""
 
     completer: Completer
-    provider: Provider
-    default_model: str
+    providers: RoutedProviders
     backoff: BackoffConfig
+    gate: RouteGate
+    throttle_max_wait: float
+    pool: ConnectionPool[DictConnection]
+    stream_interval: float
     rng: random.Random = field(default_factory=random.Random)
 
     @staticmethod
     def build_messages(job: ClaimedJob) -> list[dict[str, str]]:
-        """Returns the chat messages: ancestors (up to `depth`) oldest first, then the prompt."""
-        return [
+        """Returns the chat messages: the `system` option, ancestors (up to `depth`) oldest first,
+        then the prompt."""
+        system = [{"role": "system", "content": job.options["system"]}] if "system" in job.options else []
+        return system + [
             {"role": "user" if entry["kind"] == "prompt" else "assistant", "content": entry["content"]}
             for entry in job.context
         ]
@@ -97,23 +109,54 @@ class Executor:
         """
         bound = log.bind(job_id=str(job.id), prompt_id=str(job.prompt_id),
                          attempt=job.attempt, worker_id=job.claim, org_id=job.org_id)
-        model = str(job.options.get("model") or self.default_model)
+        model = self._model(job)
         messages = self.build_messages(job)
+        routed = self.providers.for_model(model)
+        if routed is None:
+            # NOTE: POST /prompt refuses such a model; only a web and a worker configured with
+            # different routes get here.
+            unroutable = ProviderFailure(ErrorKind.INVALID_OPTIONS,
+                                         f"no model route serves {model!r} on this worker")
+            if not self._may_finish(control, bound):
+                return Outcome.ABANDONED
+            return self._handle_failure(job, unroutable, model, bound)
+        route, provider = routed
+        waiting = self.gate.admit(route)
+        if waiting > 0:
+            if not self._may_finish(control, bound):
+                return Outcome.ABANDONED
+            return self._throttle(job, route, ProviderFailure(
+                ErrorKind.RATE_LIMIT, f"route {route.name!r} is throttled (no call made)",
+                retry_after=waiting), model, bound, called=False)
+        # NOTE: a streamed attempt's text shows while it arrives (GET /jobs, job.output_delta).
+        on_delta = PartialWriter(self.pool, job, self.stream_interval).feed if route.stream else None
         try:
-            completion = self.provider.complete(model, messages)
+            completion = provider.complete(model, messages, on_delta=on_delta, params={
+                name: job.options[name] for name in SENT_OPTIONS if name in job.options})
+        except CallAbandoned:
+            # NOTE: cancelled or taken away mid-stream: the provider call was cut at once.
+            if control is not None:
+                control.abandon()
+            bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
+            return Outcome.ABANDONED
         except ProviderFailure as failure:
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
             bound.warning("provider.request", outcome=failure.kind.value, model=model,
-                          http_status=failure.http_status, latency_ms=failure.latency_ms)
-            if control is not None and not control.begin_finish():
-                bound.info("job.abandoned", error_kind=failure.kind.value)
+                          route=route.name, http_status=failure.http_status,
+                          latency_ms=failure.latency_ms)
+            if not self._may_finish(control, bound, failure.kind.value):
                 return Outcome.ABANDONED
+            if failure.kind is ErrorKind.RATE_LIMIT:
+                return self._throttle(job, route, failure, model, bound, called=True)
             return self._handle_failure(job, failure, model, bound)
-        bound.info("provider.request", outcome="ok", model=completion.model,
+        bound.info("provider.request", outcome="ok", model=completion.model, route=route.name,
                    http_status=completion.http_status, latency_ms=completion.latency_ms,
                    tokens_in=completion.tokens_in, tokens_out=completion.tokens_out)
-        if control is not None and not control.begin_finish():
-            bound.info("job.abandoned")
+        for direction, tokens in (("in", completion.tokens_in), ("out", completion.tokens_out)):
+            if tokens:
+                metrics.PROVIDER_TOKENS.labels(route=route.name, direction=direction).inc(tokens)
+        self.gate.spent(route, (completion.tokens_in or 0) + (completion.tokens_out or 0))
+        if not self._may_finish(control, bound):
             return Outcome.ABANDONED
         call = finalize.CallRecord(
             model=completion.model, latency_ms=completion.latency_ms,
@@ -122,6 +165,36 @@ class Executor:
         )
         won = self.completer.finish(finalize.succeeded(job, completion.content, call))
         return self._report(bound, won, Outcome.SUCCEEDED)
+
+    @staticmethod
+    def _may_finish(control: RunControl | None, bound: structlog.typing.FilteringBoundLogger,
+                    error_kind: str | None = None) -> bool:
+        """False (and logged) when the heartbeat abandoned the job first: its result is dropped."""
+        if control is None or control.begin_finish():
+            return True
+        bound.info("job.abandoned", error_kind=error_kind)
+        return False
+
+    def _throttle(self, job: ClaimedJob, route: Route, failure: ProviderFailure, model: str,
+                  bound: structlog.typing.FilteringBoundLogger, *, called: bool) -> Outcome:
+        """Puts the job back with the same attempt until its route resumes, having paused the
+        route for every worker; a job throttled for longer than `throttle_max_wait` since it
+        first was spends its attempts as any failure, so nothing waits for ever."""
+        if job.throttled_at is not None and (
+                datetime.now(UTC) - job.throttled_at).total_seconds() > self.throttle_max_wait:
+            return self._handle_failure(job, failure, model, bound)
+        if called:
+            seconds = (self.backoff.rate_limit_min_wait if failure.retry_after is None
+                       else failure.retry_after)
+            delay = self.gate.pause(route, seconds, "429")
+        else:
+            delay = failure.retry_after or 0.0
+        call = finalize.CallRecord(model=model, http_status=failure.http_status,
+                                   latency_ms=failure.latency_ms if called else None)
+        won = self.completer.finish(finalize.throttled(
+            job, f"{failure.message} (route {route.name!r} paused {delay:.1f}s; attempt kept)",
+            delay, call))
+        return self._report(bound, won, Outcome.REQUEUED)
 
     def _handle_failure(
         self, job: ClaimedJob, failure: ProviderFailure, model: str,
@@ -144,8 +217,10 @@ class Executor:
         bound = log.bind(job_id=str(job.id), prompt_id=str(job.prompt_id), attempt=job.attempt,
                          worker_id=job.claim, org_id=job.org_id)
         failure = ProviderFailure(ErrorKind.UNKNOWN, f"worker error: {type(exc).__name__}: {exc}")
-        return self._handle_failure(job, failure, str(job.options.get("model") or
-                                                      self.default_model), bound)
+        return self._handle_failure(job, failure, self._model(job), bound)
+
+    def _model(self, job: ClaimedJob) -> str:
+        return str(job.options.get("model") or self.providers.routes.default_model)
 
     @staticmethod
     def _report(bound: structlog.typing.FilteringBoundLogger, won: bool, outcome: Outcome) -> Outcome:

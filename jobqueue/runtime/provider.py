@@ -23,15 +23,17 @@ from typing import Any
 from jobqueue.core import metrics
 from jobqueue.core.policy import ErrorKind, classify_status, parse_retry_after
 from jobqueue.core.redact import redact
+from jobqueue.core.routes import Route, Routes
 from jobqueue.core.settings import DEFAULT_MAX_RESPONSE_BYTES
 
-__all__ = ["Completion", "Provider", "ProviderFailure"]
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "Completion", "Provider", "ProviderFailure",
+           "RoutedProviders"]
 
 # NOTE: keep stored error messages short; provider bodies can be large.
 _MESSAGE_LIMIT = 500
 
-# NOTE: connecting takes at most this long (or the call's deadline, if sooner).
-_CONNECT_TIMEOUT = 10.0
+# NOTE: connecting takes at most this long by default (or the call's deadline, if sooner).
+DEFAULT_CONNECT_TIMEOUT = 10.0
 _READ_BUFFER = 65536
 
 
@@ -89,6 +91,8 @@ class Provider:
         *,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         headers: Mapping[str, str] | None = None,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        read_timeout: float = 0.0,
     ) -> None:
         """Checks the URL and the environment's proxy once.
 
@@ -98,6 +102,9 @@ class Provider:
             timeout: the wall-clock deadline of one call, in seconds.
             max_response_bytes: a larger answer fails the call (`parse`, not retried).
             headers: more request headers (e.g. Azure's `api-key`); they win over the defaults.
+            connect_timeout: longest wait for the TCP (and TLS, and proxy) connection.
+            read_timeout: longest wait for the next bytes once the request is sent (0: only the
+                deadline); a streamed answer that keeps coming is never cut by it.
 
         Raises:
             ValueError: the URL or the proxy is unusable (the message names no password).
@@ -121,7 +128,8 @@ class Provider:
             # NOTE: a plain-http request through a proxy names its whole URL (absolute form).
             self._path = f"http://{self._host}:{self._port}{self._path}"
         self._timeout = timeout
-        self._connect_timeout = min(_CONNECT_TIMEOUT, timeout)
+        self._connect_timeout = min(connect_timeout, timeout)
+        self._read_timeout = read_timeout
         self._max_bytes = max_response_bytes
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          "User-Agent": "sa-core"}
@@ -152,6 +160,7 @@ class Provider:
         model: str,
         messages: list[dict[str, str]],
         on_delta: Callable[[str], None] | None = None,
+        params: Mapping[str, Any] | None = None,
     ) -> Completion:
         """Runs one chat completion and records its latency by outcome.
 
@@ -160,6 +169,7 @@ class Provider:
             messages: OpenAI chat messages, oldest first.
             on_delta: when given, the call asks for a streamed answer (`stream: true`, server-sent
                 events) and passes each piece of text as it arrives; the completion holds them all.
+            params: more request body fields (temperature, stop...), sent as they are.
 
         Returns:
             The completion.
@@ -169,7 +179,7 @@ class Provider:
         """
         started = time.monotonic()
         try:
-            completion = self._call(model, messages, on_delta, started)
+            completion = self._call(model, messages, on_delta, params or {}, started)
         except ProviderFailure as failure:
             metrics.PROVIDER_REQUEST_SECONDS.labels(outcome=failure.kind.value).observe(
                 time.monotonic() - started)
@@ -178,10 +188,13 @@ class Provider:
         return completion
 
     def _call(self, model: str, messages: list[dict[str, str]],
-              on_delta: Callable[[str], None] | None, started: float) -> Completion:
-        request: dict[str, Any] = {"model": model, "messages": messages}
+              on_delta: Callable[[str], None] | None, params: Mapping[str, Any],
+              started: float) -> Completion:
+        request: dict[str, Any] = {**params, "model": model, "messages": messages}
         if on_delta is not None:
+            # NOTE: OpenAI reports a stream's token counts only when asked (a last chunk).
             request["stream"] = True
+            request["stream_options"] = {"include_usage": True}
         body = json.dumps(request).encode()
         deadline = started + self._timeout
         try:
@@ -197,12 +210,11 @@ class Provider:
                     self._drop()
         except TimeoutError as exc:
             self._drop()
-            raise ProviderFailure(
-                ErrorKind.TIMEOUT,
-                f"provider call exceeded SA_PROVIDER_TIMEOUT={self._timeout:g}s "
-                f"({type(exc).__name__})",
-                latency_ms=_elapsed_ms(started),
-            ) from exc
+            why = (f"no byte from the provider for SA_PROVIDER_READ_TIMEOUT={self._read_timeout:g}s"
+                   if self._read_timeout and time.monotonic() < deadline else
+                   f"provider call exceeded SA_PROVIDER_TIMEOUT={self._timeout:g}s")
+            raise ProviderFailure(ErrorKind.TIMEOUT, f"{why} ({type(exc).__name__})",
+                                  latency_ms=_elapsed_ms(started)) from exc
         except _TooLarge as exc:
             raise ProviderFailure(
                 ErrorKind.PARSE,
@@ -223,7 +235,7 @@ class Provider:
             data = self._read(response)
             raise ProviderFailure(
                 classify_status(response.status),
-                f"provider answered {response.status}: {_text(data)}",
+                f"provider answered {response.status}: {_error_message(data)}",
                 http_status=response.status,
                 retry_after=parse_retry_after(response.getheader("retry-after"), datetime.now(UTC)),
                 latency_ms=_elapsed_ms(started),
@@ -244,10 +256,16 @@ class Provider:
 
     def _read_stream(self, response: http.client.HTTPResponse, model: str,
                      on_delta: Callable[[str], None], started: float) -> Completion:
-        """Reads OpenAI's server-sent chunks line by line up to `data: [DONE]` (or the end)."""
+        """Reads OpenAI's server-sent chunks line by line up to `data: [DONE]`.
+
+        A stream that ends before `[DONE]` and before any chunk gave a `finish_reason` was cut
+        (a provider restart, a proxy timeout): its text is partial, so the call fails (retried),
+        never succeeds with half an answer.
+        """
         parts: list[str] = []
         last: dict[str, Any] = {}
         usage: dict[str, Any] = {}
+        finished = False
         seen = 0
         while line := response.readline(self._max_bytes + 1 - seen):
             seen += len(line)
@@ -257,6 +275,7 @@ class Provider:
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
+                finished = True
                 break
             try:
                 chunk: Any = json.loads(data)
@@ -267,9 +286,14 @@ class Provider:
             except (ValueError, LookupError, TypeError, AttributeError) as exc:
                 raise _unreadable(exc, data, response.status, _elapsed_ms(started)) from exc
             last, usage = chunk, chunk.get("usage") or usage
+            finished = finished or bool((chunk.get("choices") or [{}])[0].get("finish_reason"))
             if delta:
                 parts.append(delta)
                 on_delta(delta)
+        if not finished:
+            raise ProviderFailure(ErrorKind.UNKNOWN,
+                                  "provider stream ended before its last chunk (cut short)",
+                                  http_status=response.status, latency_ms=_elapsed_ms(started))
         return _completion(last, "".join(parts), usage, model, response.status,
                            _elapsed_ms(started))
 
@@ -278,6 +302,7 @@ class Provider:
         conn: _Connection | None = getattr(self._local, "conn", None)
         if conn is not None and conn.sock is not None and not _idle_socket_readable(conn.sock):
             conn.deadline = deadline
+            conn.read_timeout = self._read_timeout
             return conn
         if conn is not None:
             self._drop()
@@ -293,6 +318,7 @@ class Provider:
             conn = _HTTPConnection(host, port, timeout=timeout)
         # NOTE: the deadline bounds the proxy's CONNECT answer too.
         conn.deadline = deadline
+        conn.read_timeout = self._read_timeout
         with self._lock:
             self._open.add(conn)
         self._local.conn = conn
@@ -308,6 +334,40 @@ class Provider:
         self._local.conn = None
         with self._lock:
             self._open.discard(conn)
+
+
+@dataclass
+class RoutedProviders:
+    """One Provider per model route; a job's model picks its route."""
+
+    routes: Routes
+    providers: dict[str, Provider]
+
+    @classmethod
+    def build(cls, routes: Routes, timeout: float, max_response_bytes: int,
+              connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+              read_timeout: float = 0.0) -> RoutedProviders:
+        """Makes a client per route (its URL with its query, its auth header).
+
+        Raises:
+            ValueError: a route's URL or the environment's proxy is unusable.
+        """
+        return cls(routes, {route.name: Provider(route.url, "", timeout,
+                                                 max_response_bytes=max_response_bytes,
+                                                 headers=route.headers,
+                                                 connect_timeout=connect_timeout,
+                                                 read_timeout=read_timeout)
+                            for route in routes.routes})
+
+    def for_model(self, model: str) -> tuple[Route, Provider] | None:
+        """The route serving `model` and its client, or None when no route serves it."""
+        route = self.routes.for_model(model)
+        return None if route is None else (route, self.providers[route.name])
+
+    def close(self) -> None:
+        """Closes every route's connections."""
+        for provider in self.providers.values():
+            provider.close()
 
 
 class _TooLarge(Exception):
@@ -332,7 +392,9 @@ class _DeadlineReader(io.RawIOBase):
         return True
 
     def readinto(self, buffer: Any) -> int:
-        self._sock.settimeout(_remaining(self._conn.deadline))
+        left = _remaining(self._conn.deadline)
+        idle = self._conn.read_timeout
+        self._sock.settimeout(min(left, idle) if idle else left)
         return self._sock.recv_into(buffer)
 
 
@@ -355,6 +417,7 @@ def _response_class(conn: _Connection) -> Callable[..., http.client.HTTPResponse
 
 class _HTTPConnection(http.client.HTTPConnection):
     deadline: float = math.inf
+    read_timeout: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -363,6 +426,7 @@ class _HTTPConnection(http.client.HTTPConnection):
 
 class _HTTPSConnection(http.client.HTTPSConnection):
     deadline: float = math.inf
+    read_timeout: float = 0.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -435,6 +499,26 @@ def _idle_socket_readable(sock: socket.socket) -> bool:
 def _text(data: bytes) -> str:
     """The start of a body for an error message, in text Postgres can store (no NUL)."""
     return data[:_MESSAGE_LIMIT].decode("utf-8", "replace").replace("\x00", "\ufffd")
+
+
+def _error_message(data: bytes) -> str:
+    """The message of an error body as OpenAI, Azure, vLLM or Ollama write it, else its start.
+
+    OpenAI and Azure: `{"error": {"message": ...}}`; vLLM: `{"object": "error", "message": ...}`;
+    Ollama: `{"error": "..."}` (tests/test_conformance.py replays each).
+    """
+    try:
+        body: Any = json.loads(data)
+    except ValueError:
+        return _text(data)
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict):
+        error = error.get("message")
+    message = error if isinstance(error, str) else (
+        body.get("message") if isinstance(body, dict) else None)
+    if not isinstance(message, str) or not message.strip():
+        return _text(data)
+    return _text(message.encode())
 
 
 def _elapsed_ms(started: float) -> int:

@@ -217,6 +217,9 @@ class Worker:
         limit = min(free, self.config.claim_limit)
         if limit <= 0:
             return False
+        # NOTE: every route this worker calls is paused: a claim would only put jobs back.
+        if self.executor.gate.all_paused(list(self.executor.providers.routes.routes)):
+            return False
         jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
                      self.config.org_max_running, self.config.priority_aging)
         self.claim_rounds += 1

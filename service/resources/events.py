@@ -6,7 +6,7 @@ import contextlib
 import select
 import socket
 import threading
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 
 import falcon
 import psycopg
@@ -18,6 +18,8 @@ from jobqueue.core.tokens import Caller
 from service.event_hub import (
     EventHub,
     JobEvent,
+    Live,
+    OutputDelta,
     StreamLimitExceeded,
     Subscription,
     SubscriptionClosed,
@@ -26,11 +28,12 @@ from service.event_hub import (
 from service.serialize import json_handler
 from service.validation import parse_last_event_id, parse_org_wide
 
-__all__ = ["EVENT_NAME", "RETRY_MILLISECONDS", "MissionEvents"]
+__all__ = ["DELTA_EVENT_NAME", "EVENT_NAME", "RETRY_MILLISECONDS", "MissionEvents"]
 
 log = structlog.get_logger(__name__)
 
 EVENT_NAME = "job.state_changed"
+DELTA_EVENT_NAME = "job.output_delta"
 
 RETRY_MILLISECONDS = 2000
 """How long an EventSource waits before it reconnects (the `retry:` field)."""
@@ -47,16 +50,19 @@ class _FrameCache:
 
     def __init__(self, size: int = 4096) -> None:
         self._size = size
-        self._frames: dict[JobEvent, bytes] = {}
+        self._frames: dict[Live, bytes] = {}
         self._lock = threading.Lock()
 
-    def frames(self, events: list[JobEvent]) -> bytes:
+    def frames(self, events: Sequence[Live]) -> bytes:
         out = []
         for event in events:
             frame = self._frames.get(event)
             if frame is None:
-                frame = b"id: %d\nevent: %s\ndata: %s\n\n" % (
-                    event.id, EVENT_NAME.encode(), _JSON.serialize(event.payload(), falcon.MEDIA_JSON))
+                data = _JSON.serialize(event.payload(), falcon.MEDIA_JSON)
+                # NOTE: a delta has no id: it is not in the log, and must not move Last-Event-ID.
+                frame = (b"event: %s\ndata: %s\n\n" % (DELTA_EVENT_NAME.encode(), data)
+                         if isinstance(event, OutputDelta) else
+                         b"id: %d\nevent: %s\ndata: %s\n\n" % (event.id, EVENT_NAME.encode(), data))
                 with self._lock:
                     self._frames[event] = frame
                     while len(self._frames) > self._size:
@@ -188,9 +194,10 @@ class MissionEvents:
                 yield b"id: %d\n\n" % sent
             while True:
                 events = sub.wait(self._keepalive)
-                fresh = [event for event in events if event.id > sent]
+                fresh = [event for event in events
+                         if isinstance(event, OutputDelta) or event.id > sent]
                 if fresh:
-                    sent = fresh[-1].id
+                    sent = max([sent] + [e.id for e in fresh if isinstance(e, JobEvent)])
                     yield self._cache.frames(fresh)
                 elif not events:
                     if _client_gone(sock):

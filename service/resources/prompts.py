@@ -15,6 +15,7 @@ from service.event_hub import EventHub
 from service.lookup import get_job_with_response, get_prompt
 from service.validation import (
     PREFER,
+    check_routable,
     parse_batch,
     parse_idempotency_key,
     parse_prefer_wait,
@@ -37,6 +38,7 @@ class PromptCollection:
         self._hub = hub
         self._max_chars = settings.max_prompt_chars
         self._max_queued = settings.org_max_queued
+        self._routes = settings.routes
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes the prompt and its queued job; answers 202 with both ids.
@@ -48,6 +50,7 @@ class PromptCollection:
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         wait = parse_prefer_wait(req.get_header(PREFER.name))
         request = parse_prompt(req.get_media(), self._max_chars)
+        check_routable(request.options, self._routes)
         done = enqueue(
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
@@ -89,6 +92,7 @@ class PromptBatch:
         self._pool = pool
         self._max_chars = settings.max_prompt_chars
         self._max_queued = settings.org_max_queued
+        self._routes = settings.routes
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes every prompt and its queued job; answers 202 with their ids in input order.
@@ -97,10 +101,13 @@ class PromptBatch:
         `Idempotent-Replayed: true` and writes nothing.
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
+        requests = parse_batch(req.get_media(), self._max_chars)
+        for request in requests:
+            check_routable(request.options, self._routes)
         items = [Submission(text=r.text, parent_id=r.parent_id, priority=r.priority,
                             max_attempts=r.max_attempts, options=r.options, run_at=r.run_at,
                             delay_seconds=r.delay_seconds)
-                 for r in parse_batch(req.get_media(), self._max_chars)]
+                 for r in requests]
         done = enqueue_many(self._pool, req.context.caller, items, idempotency_key=key,
                             max_queued=self._max_queued)
         resp.status = falcon.HTTP_202

@@ -9,6 +9,7 @@ __all__ = [
     "JOB_LIST_ANY_ORG",
     "JOB_OLDEST_QUEUED_BY_ORG",
     "LEDGER_LIST_FOR_JOB_ANY_ORG",
+    "LEDGER_USAGE_SINCE",
 ]
 
 from jobqueue.core.queries.job import JOB_COLUMNS as _JOB_COLUMNS
@@ -143,3 +144,20 @@ SELECT GROUPING(org_id) = 1 AS all_orgs, org_id, coalesce(error_kind, 'unknown')
  ORDER BY all_orgs DESC, org_id, errors DESC, error_kind
 """
 )
+
+# served by sa_ledger_created_brin and sa_ledger_archive_created_brin (created_at)
+# (0013_llm_routes.sql). Archived calls count too: usage is billing, not the hot set.
+LEDGER_USAGE_SINCE = """
+SELECT org_id, model, count(*) AS calls, count(tokens_in) AS counted_calls,
+       coalesce(sum(tokens_in), 0) AS tokens_in, coalesce(sum(tokens_out), 0) AS tokens_out
+  FROM (SELECT org_id, model, tokens_in, tokens_out
+          FROM sa_ledger
+         WHERE created_at >= %(since)s AND (%(org_id)s::bigint IS NULL OR org_id = %(org_id)s)
+        UNION ALL
+        SELECT org_id, model, tokens_in, tokens_out
+          FROM sa_ledger_archive
+         WHERE created_at >= %(since)s AND (%(org_id)s::bigint IS NULL OR org_id = %(org_id)s)
+       ) calls
+ GROUP BY org_id, model
+ ORDER BY org_id, model
+"""

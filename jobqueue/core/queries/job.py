@@ -45,7 +45,8 @@ _CLAIM_SET = """
       FROM picked
      WHERE j.id = picked.id
     RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
-              j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at
+              j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at,
+              j.throttled_at
 )
 SELECT claimed.*, (
     WITH RECURSIVE chain AS (
@@ -189,13 +190,18 @@ WITH running AS (
 # - succeeded: response_id set; the response entity, its flows-to edge and the audit row are
 #   written for these rows only (response_id's foreign key is deferred to commit because the
 #   entity is written alongside);
-# - queued: the next attempt, due `delay` seconds from now (computed by policy), unclaimed;
+# - queued: the next attempt, due `delay` seconds from now (computed by policy), unclaimed; or,
+#   with `spend_attempt` false, the same attempt put back while its route is throttled (its
+#   first such put-back stamped in throttled_at);
 # - failed: finished for good.
-# Every job written gets its ledger row. A job's waiting dependents (`after`) are released or
-# ended by trigger sa_job_settle_dependents (0014_workflows.sql) in this same statement;
-# `dependents` counts them (the statement's snapshot predates the trigger's writes), served by
-# sa_job_after_idx. The statement fails as a whole if any insert does (the
-# completer then splits the batch). The answer is (id, attempt, to_state) per job written, with
+# A streamed attempt's partial text (sa_job_partial) goes with its finalize, whatever the
+# outcome: only a succeeded attempt's text becomes a response. Every job written gets its ledger
+# row, unless no provider call was made (latency_ms null: a job put back because its route was
+# already paused). A job's waiting dependents (`after`) are released or ended by trigger
+# sa_job_settle_dependents (0014_workflows.sql) in this same statement; `dependents` counts them
+# (the statement's snapshot predates the trigger's writes), served by sa_job_after_idx. The
+# statement fails as a whole if any insert does (the completer then splits the batch). The
+# answer is (id, attempt, to_state, dependents) per job written, with
 # the attempt it was claimed at.
 # PERF: one statement, so one round trip and one commit for a whole mixed batch.
 JOB_SET_STATE_IF_RUNNING_MANY = """
@@ -205,13 +211,16 @@ WITH done AS (
                   %(to_state)s::text[], %(model)s::text[], %(tokens_in)s::int[],
                   %(tokens_out)s::int[], %(latency_ms)s::int[], %(http_status)s::int[],
                   %(response_id)s::uuid[], %(content)s::text[], %(error_kind)s::text[],
-                  %(error_message)s::text[], %(delay)s::float8[])
+                  %(error_message)s::text[], %(delay)s::float8[], %(spend_attempt)s::bool[])
         AS d(job_id, claim, attempt, to_state, model, tokens_in, tokens_out, latency_ms,
-             http_status, response_id, content, error_kind, error_message, delay)
+             http_status, response_id, content, error_kind, error_message, delay, spend_attempt)
 ), job AS (
     UPDATE sa_job j
        SET state = done.to_state,
-           attempt = CASE WHEN done.to_state = 'queued' THEN j.attempt + 1 ELSE j.attempt END,
+           attempt = CASE WHEN done.to_state = 'queued' AND done.spend_attempt THEN j.attempt + 1
+                          ELSE j.attempt END,
+           throttled_at = CASE WHEN done.to_state = 'queued' AND NOT done.spend_attempt
+                               THEN coalesce(j.throttled_at, now()) ELSE j.throttled_at END,
            worker_claim = CASE WHEN done.to_state = 'queued' THEN NULL ELSE j.worker_claim END,
            running_heartbeat_at = CASE WHEN done.to_state = 'queued' THEN NULL
                                        ELSE j.running_heartbeat_at END,
@@ -254,6 +263,9 @@ WITH done AS (
            done.latency_ms, done.http_status,
            CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END
       FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
+     WHERE done.latency_ms IS NOT NULL
+), partial AS (
+    DELETE FROM sa_job_partial p USING job WHERE p.job_id = job.id
 )
 SELECT id, attempt, to_state,
        (SELECT count(*) FROM sa_job d WHERE d.after_job_id = job.id AND d.state = 'queued'
@@ -296,10 +308,24 @@ UPDATE sa_job
 RETURNING id, prompt_id, org_id, attempt
 """
 
+# NOTE: the tokens of each attempt that called the provider, oldest first, and a running streamed
+# attempt's text so far; a GET shows them with the job. Served by sa_ledger_job_idx (job_id) and
+# sa_job_partial_pkey (job_id), one probe each per job.
+_READ_COLUMNS = """
+, coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', l.attempt, 'tokens_in', l.tokens_in,
+                                                'tokens_out', l.tokens_out) ORDER BY l.id)
+              FROM sa_ledger l
+             WHERE l.job_id = sa_job.id), '[]'::jsonb) AS usage,
+(SELECT p.text FROM sa_job_partial p
+  WHERE p.job_id = sa_job.id AND p.attempt = sa_job.attempt AND sa_job.state = 'running')
+    AS partial_text
+"""
+
 # served by sa_job_pkey (id)
 JOB_GET = (
     "SELECT "
     + JOB_COLUMNS
+    + _READ_COLUMNS
     + """, after_job_id
   FROM sa_job
  WHERE id = %(job_id)s AND org_id = %(org_id)s
@@ -310,6 +336,7 @@ JOB_GET = (
 JOB_LIST_FOR_PROMPT = (
     "SELECT "
     + JOB_COLUMNS
+    + _READ_COLUMNS
     + """
   FROM sa_job
  WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s

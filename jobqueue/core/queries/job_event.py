@@ -29,9 +29,12 @@ SELECT pg_notify(n.channel, n.payload)
   FROM unnest(%(channels)s::text[], %(payloads)s::text[]) AS n(channel, payload)
 """
 
+# NOTE: a succeeded event carries its response's text (one sa_entity_pkey probe), so a viewer
+# needs no second request for the answer.
 _EVENT_COLUMNS = """
 id, job_id, prompt_id, org_id, created_by, from_state, to_state, attempt, error_kind,
-response_id, at
+response_id, at,
+(SELECT r.content FROM sa_entity r WHERE r.id = sa_job_event.response_id) AS response_text
 """
 
 # served by sa_job_event_pkey (id), 0001_core_schema.sql: the SSE hub's one reader for every

@@ -1,0 +1,70 @@
+"""Statements on sa_route_pause and sa_route_window: provider rate limits shared by every worker."""
+
+__all__ = ["ROUTE_PAUSE", "ROUTE_PAUSES_ACTIVE", "ROUTE_WINDOW_ADD_TOKENS", "ROUTE_WINDOW_TAKE"]
+
+# served by sa_route_pause_pkey (route). Pauses a route until `seconds` from now, or leaves a
+# later pause as it is (GREATEST): many workers meeting the same 429 agree on one end. Answers
+# the seconds left and whether the route was running before (a new throttling episode).
+ROUTE_PAUSE = """
+WITH before AS (
+    SELECT paused_until FROM sa_route_pause WHERE route = %(route)s
+)
+INSERT INTO sa_route_pause AS p (route, paused_until, reason)
+VALUES (%(route)s, now() + make_interval(secs => %(seconds)s), %(reason)s)
+ON CONFLICT (route) DO UPDATE
+   SET paused_until = GREATEST(p.paused_until, EXCLUDED.paused_until),
+       reason = CASE WHEN EXCLUDED.paused_until > p.paused_until THEN EXCLUDED.reason
+                     ELSE p.reason END
+RETURNING extract(epoch FROM p.paused_until - now())::float8 AS seconds,
+          NOT EXISTS (SELECT 1 FROM before WHERE before.paused_until > now()) AS started
+"""
+
+# NOTE: a sequential read of one row per route ever paused (a handful): no index needed.
+ROUTE_PAUSES_ACTIVE = """
+SELECT route, extract(epoch FROM paused_until - now())::float8 AS seconds
+  FROM sa_route_pause
+ WHERE paused_until > now()
+"""
+
+# NOTE: the window a call falls in: `window` seconds long, aligned on 2000-01-01 UTC.
+_WINDOW_START = ("date_bin(make_interval(secs => %(window)s), now(), "
+                 "TIMESTAMPTZ '2000-01-01 00:00:00+00')")
+
+# served by sa_route_window_pkey (route, window_start). Counts one call in the route's current
+# window if the window is under both limits (0: none); answers `allowed` and the seconds left in
+# the window. Concurrent workers serialize on the window's row, so the limit holds exactly. The
+# route's earlier windows are deleted on the way (one or two rows).
+ROUTE_WINDOW_TAKE = (
+    """
+WITH w AS (
+    SELECT """
+    + _WINDOW_START
+    + """ AS start
+), old AS (
+    DELETE FROM sa_route_window
+     WHERE route = %(route)s AND window_start < (SELECT start FROM w)
+), taken AS (
+    INSERT INTO sa_route_window AS r (route, window_start, requests)
+    SELECT %(route)s, start, 1 FROM w
+    ON CONFLICT (route, window_start) DO UPDATE
+       SET requests = r.requests + 1
+     WHERE (%(rpm)s = 0 OR r.requests < %(rpm)s) AND (%(tpm)s = 0 OR r.tokens < %(tpm)s)
+    RETURNING r.requests
+)
+SELECT EXISTS (SELECT 1 FROM taken) AS allowed,
+       extract(epoch FROM (SELECT start FROM w) + make_interval(secs => %(window)s) - now())::float8
+           AS seconds_left
+"""
+)
+
+# served by sa_route_window_pkey (route, window_start). Adds the tokens a call reported to the
+# route's current window, for its tokens-per-minute limit.
+ROUTE_WINDOW_ADD_TOKENS = (
+    """
+INSERT INTO sa_route_window AS r (route, window_start, tokens)
+VALUES (%(route)s, """
+    + _WINDOW_START
+    + """, %(tokens)s)
+ON CONFLICT (route, window_start) DO UPDATE SET tokens = r.tokens + EXCLUDED.tokens
+"""
+)
