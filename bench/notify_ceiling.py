@@ -35,6 +35,7 @@ from bench.common import format_table, scratch_database
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.wakeup import WakeupSender
+from jobqueue.engine.enqueue import WAITING_UNTIL
 from jobqueue.operator.migrate import MIGRATIONS_DIR
 
 TRIGGER_0005 = (MIGRATIONS_DIR / "0005_notify_channels.sql").read_text()
@@ -83,7 +84,8 @@ def _enqueue_params() -> dict[str, Any]:
     return {"parent_id": None, "org_id": 1, "user_id": 1, "token_hash": None, "text": "bench",
             "priority": 50, "max_attempts": 3, "options": Jsonb({}), "max_queued": 0,
             "idempotency_key": None, "request_hash": None, "key_ttl": 86400,
-            "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4()}
+            "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4(), "run_at": None,
+            "delay_seconds": None, "after": None, "waiting_until": WAITING_UNTIL}
 
 
 def _finalize_params(job_id: uuid.UUID) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from service.resources.metrics import Metrics
 from service.resources.mission import MissionRecent
 from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
 from service.resources.pages import Asset, Page, load_static
-from service.resources.prompts import PromptCollection, PromptItem
+from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
 from service.resources.session import Session
 from service.serialize import json_handler, serialize_error
 
@@ -166,7 +166,8 @@ def create_app(
     app.add_route(OPENAPI_PATH, OpenApiDocument(document))
     app.add_route(DOCS_PATH, ApiDocs(document))
     app.add_route(STYLESHEET_PATH, ApiDocsStylesheet())
-    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings))
+    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings, hub))
+    app.add_route(f"{API_PREFIX}/prompts/batch", PromptBatch(pool, settings))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))

@@ -22,6 +22,7 @@ from jobqueue.core.queries import job_event as q
 from jobqueue.core.queries import partial as partial_q
 from jobqueue.core.queries import token as token_q
 from jobqueue.core.settings import Settings
+from jobqueue.core.states import TERMINAL
 from service.event_horizon import EventHorizon, Observed
 
 __all__ = [
@@ -275,6 +276,7 @@ class EventHub:
         self._start_lock = threading.Lock()
         self._subs: dict[Key, set[Subscription]] = defaultdict(set)
         self._per_token: dict[bytes, int] = defaultdict(int)
+        self._job_watchers: dict[uuid.UUID, set[threading.Event]] = defaultdict(set)
         self._horizon = EventHorizon()
         self._ready = threading.Event()
         self._looked = threading.Event()
@@ -404,6 +406,42 @@ class EventHub:
             self._subs[sub.key].add(sub)
             self._per_token[token] += 1
         return sub
+
+    @property
+    def watched_jobs(self) -> int:
+        """Jobs some request is waiting on (`Prefer: wait=N`)."""
+        with self._lock:
+            return len(self._job_watchers)
+
+    def watch_job(self, job_id: uuid.UUID) -> threading.Event:
+        """Returns an event set when the hub delivers the job's move to a terminal state.
+
+        For `Prefer: wait=N`: the waiting request holds this event, not a pool connection. The
+        caller reads the job once after watching (it may have finished before), and always
+        calls `unwatch_job`.
+
+        NOTE: returns once the hub is ready, so the caller's read sees every transition up to
+        the hub's cursor and the hub delivers every later one: a job that ended while the hub
+        was starting is not missed.
+        """
+        finished = threading.Event()
+        with self._lock:
+            self._job_watchers[job_id].add(finished)
+        try:
+            self.wait_ready(self.config.start_timeout)
+        except BaseException:
+            self.unwatch_job(job_id, finished)
+            raise
+        return finished
+
+    def unwatch_job(self, job_id: uuid.UUID, finished: threading.Event) -> None:
+        """Forgets a watch (idempotent)."""
+        with self._lock:
+            watchers = self._job_watchers.get(job_id)
+            if watchers is not None:
+                watchers.discard(finished)
+                if not watchers:
+                    del self._job_watchers[job_id]
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forgets a stream (idempotent)."""
@@ -548,6 +586,17 @@ class EventHub:
             if event.from_state == "running":
                 self._partial_sent.pop(event.job_id, None)
         self._offer(by_key, events[-1].id)
+        self._wake_watchers(events)
+
+    def _wake_watchers(self, events: list[JobEvent]) -> None:
+        """Sets the watch of every job that `events` move to a terminal state."""
+        with self._lock:
+            if not self._job_watchers:
+                return
+            for event in events:
+                if event.to_state in TERMINAL:
+                    for finished in self._job_watchers.get(event.job_id, ()):
+                        finished.set()
 
     def _offer(self, by_key: dict[Key, list[JobEvent]] | dict[Key, list[OutputDelta]],
                cursor: int | None = None) -> None:

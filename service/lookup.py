@@ -15,7 +15,7 @@ from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import mission as mission_q
 from jobqueue.core.tokens import Caller
 
-__all__ = ["get_job", "get_prompt", "recent_changes"]
+__all__ = ["get_job", "get_job_with_response", "get_prompt", "recent_changes"]
 
 Row = dict[str, Any]
 
@@ -32,6 +32,25 @@ def get_job(pool: ConnectionPool[DictConnection], caller: Caller, job_id: uuid.U
     if row is None:
         raise NotFound(f"job {job_id} not found")
     return row
+
+
+def get_job_with_response(pool: ConnectionPool[DictConnection], caller: Caller,
+                          job_id: uuid.UUID) -> Row:
+    """Returns the job's row with `response_text`: its response's content, or None.
+
+    Raises:
+        NotFound: no such job in the caller's org.
+    """
+    scope = {"org_id": caller.org_id}
+    with pool.connection() as conn:
+        job = conn.execute(job_q.JOB_GET, {**scope, "job_id": job_id}).fetchone()
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        response = None
+        if job["response_id"] is not None:
+            response = conn.execute(entity_q.ENTITY_GET,
+                                    {**scope, "id": job["response_id"]}).fetchone()
+    return {**job, "response_text": response["content"] if response is not None else None}
 
 
 def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: uuid.UUID) -> Row:

@@ -27,12 +27,15 @@ from service.validation import (
     IDEMPOTENCY_KEY,
     LAST_EVENT_ID,
     LAST_EVENT_ID_HEADER,
+    MAX_BATCH,
     NO_BODY,
     OPTIONS,
+    PREFER,
     RECENT_LIMIT,
     SCOPE,
     SINCE,
     Param,
+    prompt_batch_body,
     prompt_body,
 )
 
@@ -220,6 +223,16 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
             "additionalProperties": False,
         },
         "PromptRequest": prompt_body(settings.max_prompt_chars).schema(),
+        "BatchPromptRequest": prompt_body(settings.max_prompt_chars, batch=True).schema(),
+        "BatchRequest": prompt_batch_body(settings.max_prompt_chars).schema(),
+        "BatchSubmitted": {
+            "type": "object",
+            "required": ["items"],
+            "additionalProperties": False,
+            "properties": {"items": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH,
+                                     "items": _ref("Submitted"),
+                                     "description": "One per prompt, in input order."}},
+        },
         "ExecutionOptions": OPTIONS.schema(),
         "Submitted": {
             "type": "object",
@@ -288,7 +301,15 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                               "properties": {"attempt": {"type": "integer", "minimum": 1},
                                              "tokens_in": _nullable({"type": "integer"}),
                                              "tokens_out": _nullable({"type": "integer"})}}},
+                "after_job_id": _nullable(_UUID),
             },
+        },
+        "JobWithResponse": {
+            "allOf": [_ref("Job")],
+            "type": "object",
+            "description": "A finished job with its response's text (null unless it succeeded).",
+            "required": ["response_text"],
+            "properties": {"response_text": _nullable({"type": "string"})},
         },
         "Entity": {
             "type": "object",
@@ -466,16 +487,46 @@ def _paths() -> dict[str, Any]:
                 "even when the repeats race; the same key with a different request answers 422. "
                 "When the caller's org already has SA_ORG_MAX_QUEUED jobs queued, it answers 429 "
                 "and writes nothing."),
-            "parameters": [_param(IDEMPOTENCY_KEY, "7c0e5a0e-2f1b-4d8e-9a51-3b0c6f2d9e11")],
+            "parameters": [_param(IDEMPOTENCY_KEY, "7c0e5a0e-2f1b-4d8e-9a51-3b0c6f2d9e11"),
+                           _param(PREFER, "wait=30")],
             "requestBody": {"required": True, "content": {"application/json": {
                 "schema": _ref("PromptRequest"),
                 "example": {"text": "Summarise the spec in one line.", "priority": 20,
                             "max_attempts": 3, "options": {"depth": 4}}}}},
             "responses": {
+                "200": _json("Finished within `Prefer: wait=N` seconds: the job (in a terminal "
+                             "state) and its response's text.", _ref("JobWithResponse"),
+                             {**_JOB_EXAMPLE, "response_text": "One queue, many workers."},
+                             {**_LOCATION, **replayed}),
                 "202": submitted,
                 **_errors("400", "401", "413", "415", "422"),
                 "429": _error("429", "The org's queue is full (SA_ORG_MAX_QUEUED); nothing was "
                                      "written.", {
+                    "Retry-After": {"description": f"Seconds to wait ({QUEUE_FULL_RETRY_AFTER}).",
+                                    "required": True, "schema": {"type": "string"}}}),
+                **_errors("503"),
+            }}},
+        f"{api}/prompts/batch": {"post": {
+            "operationId": "submitBatch",
+            "summary": f"Submit 1 to {MAX_BATCH} prompts at once: all or none, 202 at once.",
+            "description": (
+                "Each item takes POST /prompt's fields; `priority` defaults to background (80). "
+                "Every item is validated first: a 422 names each bad one by index "
+                "(`prompts[3].text: ...`) and writes nothing. One `Idempotency-Key` covers the "
+                "batch: a repeat answers the original ids with `Idempotent-Replayed: true`. "
+                "The whole batch must fit under SA_ORG_MAX_QUEUED, else 429 and nothing written. "
+                "The body counts against SA_MAX_BODY_BYTES (413)."),
+            "parameters": [_param(IDEMPOTENCY_KEY, "0b6e2d7a-4c1f-4a8e-9d3b-7f5e1c2a9b40")],
+            "requestBody": {"required": True, "content": {"application/json": {
+                "schema": _ref("BatchRequest"),
+                "example": {"prompts": [{"text": "Summarise chapter 1."},
+                                        {"text": "Summarise chapter 2.", "delay_seconds": 60}]}}}},
+            "responses": {
+                "202": _json("Queued (or replayed), in input order.", _ref("BatchSubmitted"),
+                             {"items": [queued]}, replayed),
+                **_errors("400", "401", "413", "415", "422"),
+                "429": _error("429", "The batch would take the org past SA_ORG_MAX_QUEUED; "
+                                     "nothing was written.", {
                     "Retry-After": {"description": f"Seconds to wait ({QUEUE_FULL_RETRY_AFTER}).",
                                     "required": True, "schema": {"type": "string"}}}),
                 **_errors("503"),

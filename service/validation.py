@@ -13,7 +13,7 @@ import functools
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import falcon
@@ -23,20 +23,26 @@ from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
 
 __all__ = [
+    "BATCH_DEFAULT_PRIORITY",
     "BLANK_CHARACTERS",
     "CURSOR",
     "CURSOR_PATTERN",
     "EVENT_ID_PATTERN",
     "IDEMPOTENCY_KEY",
+    "INSTANT_PATTERN",
     "LAST_EVENT_ID",
     "LAST_EVENT_ID_HEADER",
     "MAX_ATTEMPTS_LIMIT",
+    "MAX_BATCH",
     "MAX_DEPTH",
     "MAX_EVENT_ID",
     "MAX_MODEL_CHARS",
+    "MAX_SCHEDULE_SECONDS",
+    "MAX_WAIT_SECONDS",
     "NO_BODY",
     "OPTIONS",
     "OPTION_KEYS",
+    "PREFER",
     "RECENT_LIMIT",
     "RECENT_LIMIT_DEFAULT",
     "RECENT_LIMIT_MAX",
@@ -48,7 +54,9 @@ __all__ = [
     "UUID_PATTERN",
     "Choice",
     "Fields",
+    "Instant",
     "Integer",
+    "Items",
     "Number",
     "OneOrMore",
     "Param",
@@ -58,6 +66,7 @@ __all__ = [
     "Uuid",
     "check_routable",
     "encode_cursor",
+    "parse_batch",
     "parse_cursor",
     "parse_event_id",
     "parse_idempotency_key",
@@ -65,8 +74,10 @@ __all__ = [
     "parse_limit",
     "parse_no_body",
     "parse_org_wide",
+    "parse_prefer_wait",
     "parse_prompt",
     "parse_since",
+    "prompt_batch_body",
     "prompt_body",
 ]
 
@@ -76,6 +87,12 @@ MAX_ATTEMPTS_LIMIT = 10
 MAX_MODEL_CHARS = 200
 RECENT_LIMIT_DEFAULT = 100
 RECENT_LIMIT_MAX = 500
+
+MAX_WAIT_SECONDS = 60
+"""The longest `Prefer: wait=N` a POST /prompt may hold its request open for."""
+
+MAX_SCHEDULE_SECONDS = 366 * 86400
+"""The furthest ahead a prompt may be scheduled (`run_at`, `delay_seconds`): a year and a day."""
 
 MAX_EVENT_ID = 2**63 - 1
 """The largest event id (sa_job_event.id is a bigint)."""
@@ -92,6 +109,7 @@ TEXT_PATTERN = f"^[{BLANK_CHARACTERS}]*[^\\u0000{BLANK_CHARACTERS}][^\\u0000]*$"
 """A text field: not blank, no NUL character. Linear to match, even on a long blank string."""
 
 _YEAR = "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
+# NOTE: a century is a leap year when divisible by 400; year 0000 does not exist (Python refuses it).
 _LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
 _MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
               "|02-(0[1-9]|1[0-9]|2[0-8]))")
@@ -104,6 +122,13 @@ SINCE_PATTERN = (
 NOTE: the calendar (month lengths, leap years, no year 0) is in the pattern itself, so every
 string the document allows names an instant and is answered 200, never 400.
 """
+
+INSTANT_PATTERN = (
+    f"^({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
+    r"[T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?(Z|[+-][01][0-9]:[0-5][0-9])?$"
+)
+"""An instant in a body (`run_at`): an ISO 8601 date-time, as SINCE_PATTERN but with the time
+required (a bare date is ambiguous for a schedule); no offset means UTC."""
 
 EVENT_ID_PATTERN = "^[0-9]{1,19}$"
 """What Last-Event-ID may look like: a decimal event id (at most MAX_EVENT_ID)."""
@@ -118,10 +143,13 @@ _UUID_RE = re.compile(UUID_PATTERN)
 _EVENT_ID_RE = re.compile(EVENT_ID_PATTERN)
 _CURSOR_RE = re.compile(CURSOR_PATTERN)
 _SINCE_RE = re.compile(SINCE_PATTERN)
+_INSTANT_RE = re.compile(INSTANT_PATTERN)
 # NOTE: visible ASCII only, so a key is the same bytes in every client, log-safe and header-safe.
 # Every pattern is used with fullmatch: a bare `$` would also match before a trailing newline.
 _KEY_PATTERN = "^[!-~]+$"
 _KEY_RE = re.compile(_KEY_PATTERN)
+_PREFER_PATTERN = "^[ \t]*wait=([0-9]|[1-5][0-9]|60)[ \t]*$"
+_PREFER_RE = re.compile(_PREFER_PATTERN)
 
 
 def _invalid(name: str, why: str) -> falcon.HTTPUnprocessableEntity:
@@ -215,6 +243,36 @@ class Uuid:
 
 
 @dataclass(frozen=True)
+class Instant:
+    """An ISO 8601 date-time from now to `horizon` seconds ahead (no offset means UTC).
+
+    NOTE: "not in the past" depends on the clock, so the schema states only the shape and the
+    description the window; a time already past answers 422.
+    """
+
+    horizon: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "string", "format": "date-time", "pattern": INSTANT_PATTERN},
+                          self.description)
+
+    def check(self, value: object, name: str) -> datetime:
+        """Returns the instant (aware); raises a 422 naming `name` when malformed, past or too far."""
+        if not isinstance(value, str) or not _INSTANT_RE.fullmatch(value):
+            raise _invalid(name, "must be an ISO 8601 date-time (e.g. 2026-12-01T02:00:00Z)")
+        instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        instant = instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+        now = datetime.now(UTC)
+        if instant < now:
+            raise _invalid(name, "is in the past")
+        if instant > now + timedelta(seconds=self.horizon):
+            raise _invalid(name, f"must be at most {self.horizon} seconds from now")
+        return instant
+
+
+@dataclass(frozen=True)
 class Fields:
     """A JSON object with only these fields; absent ones are left out of the checked result.
 
@@ -226,6 +284,8 @@ class Fields:
     description: str = ""
     unknown: str = "unknown field"
     component: str | None = None
+    exclusive: tuple[tuple[str, str], ...] = ()
+    """Pairs of fields that may not both be given."""
 
     def schema(self) -> Schema:
         """Returns the JSON Schema of the object (its own, even when it is a component)."""
@@ -233,6 +293,8 @@ class Fields:
                           "properties": {name: _use(spec) for name, spec in self.fields.items()}}
         if self.required:
             schema["required"] = list(self.required)
+        if self.exclusive:
+            schema["allOf"] = [{"not": {"required": list(pair)}} for pair in self.exclusive]
         return _described(schema, self.description)
 
     def check(self, value: object, name: str) -> dict[str, Any]:
@@ -257,6 +319,9 @@ class Fields:
         for required in self.required:
             if required not in value:
                 raise _invalid(prefix + required, "is required")
+        for first, second in self.exclusive:
+            if first in value and second in value:
+                raise _invalid(prefix + second, f"cannot be given with {first}")
         return {field_name: spec.check(value[field_name], prefix + field_name)
                 for field_name, spec in self.fields.items() if field_name in value}
 
@@ -324,7 +389,44 @@ class OneOrMore:
         return [self.item.check(item, f"{name}[{i}]") for i, item in enumerate(value)]
 
 
-Spec = Integer | Number | Choice | OneOrMore | Text | Uuid | Fields
+
+
+@dataclass(frozen=True)
+class Items:
+    """A JSON array of 1 to `max_items` objects, each checked by `item`.
+
+    NOTE: every item is checked, and the 422 names each bad one by its index (`prompts[3].text:
+    ...`), so a client fixes a whole batch in one round.
+    """
+
+    item: Fields
+    max_items: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "array", "minItems": 1, "maxItems": self.max_items,
+                           "items": _use(self.item)}, self.description)
+
+    def check(self, value: object, name: str) -> list[dict[str, Any]]:
+        """Returns the checked items; raises one 422 naming every bad item otherwise."""
+        if not isinstance(value, list):
+            raise _invalid(name, "must be an array")
+        if not 1 <= len(value) <= self.max_items:
+            raise _invalid(name, f"must hold 1 to {self.max_items} items")
+        checked, errors = [], []
+        for index, element in enumerate(value):
+            try:
+                checked.append(self.item.check(element, f"{name}[{index}]"))
+            except falcon.HTTPUnprocessableEntity as error:
+                errors.append(str(error.description))
+        if errors:
+            raise falcon.HTTPUnprocessableEntity(title="Invalid field",
+                                                 description="; ".join(errors))
+        return checked
+
+
+Spec = Integer | Number | Choice | OneOrMore | Text | Uuid | Instant | Items | Fields
 
 
 def _use(spec: Spec) -> Schema:
@@ -372,18 +474,29 @@ class PromptRequest:
     priority: int
     max_attempts: int
     options: dict[str, Any]
+    run_at: datetime | None = None
+    delay_seconds: int | None = None
+    after: uuid.UUID | None = None
 
 
 DEFAULT_PRIORITY = 50
+BATCH_DEFAULT_PRIORITY = 80
+"""A batch is background work: unless an item says otherwise it runs after interactive prompts."""
+MAX_BATCH = 1000
 DEFAULT_MAX_ATTEMPTS = 3
 PRIORITY = Integer(0, 100, DEFAULT_PRIORITY, "Lower runs first.")
+BATCH_PRIORITY = Integer(0, 100, BATCH_DEFAULT_PRIORITY,
+                         "Lower runs first; a batch item defaults to background priority.")
 MAX_ATTEMPTS = Integer(1, MAX_ATTEMPTS_LIMIT, DEFAULT_MAX_ATTEMPTS,
                        "Attempts allowed, retries included.")
 
 
 @functools.lru_cache(maxsize=8)
-def prompt_body(max_chars: int) -> Fields:
+def prompt_body(max_chars: int, batch: bool = False) -> Fields:
     """Returns the POST /prompt body's declaration; the text's limit is SA_MAX_PROMPT_CHARS.
+
+    With `batch`, the declaration of one item of POST /prompts/batch: the same fields, with the
+    background default priority.
 
     PERF: built once per limit; building it per request tripled the cost of a parse.
     """
@@ -394,10 +507,39 @@ def prompt_body(max_chars: int) -> Fields:
                           "entity of the org answers 422."),
         "text": Text(max_chars, "The prompt (SA_MAX_PROMPT_CHARS characters at most; not blank; "
                                 "no NUL character, no lone surrogate)."),
-        "priority": PRIORITY,
+        "priority": BATCH_PRIORITY if batch else PRIORITY,
         "max_attempts": MAX_ATTEMPTS,
         "options": OPTIONS,
-    }, required=("text",), component="PromptRequest")
+        "run_at": Instant(MAX_SCHEDULE_SECONDS, "Run no earlier than this ISO 8601 date-time (no "
+                                                "offset means UTC; not past, at most a year and a "
+                                                "day ahead). The job waits queued, cancellable."),
+        "delay_seconds": Integer(0, MAX_SCHEDULE_SECONDS, None,
+                                 "Run no earlier than this many seconds from now (not with "
+                                 "run_at)."),
+        **({} if batch else {"after": Uuid(
+            "A job, or a prompt (its latest job), of the caller's org: this prompt runs only "
+            "once that job succeeds, and continues its thread (the response becomes the parent "
+            "unless parent_id is given). If it fails, is cancelled or superseded, this job "
+            "ends cancelled with error_kind dependency_failed. One already failed answers 422. "
+            "Not with run_at or delay_seconds.")}),
+    }, required=("text",), component="BatchPromptRequest" if batch else "PromptRequest",
+       exclusive=(("run_at", "delay_seconds"), ("run_at", "after"), ("delay_seconds", "after")))
+
+
+@functools.lru_cache(maxsize=8)
+def prompt_batch_body(max_chars: int) -> Fields:
+    """Returns the POST /prompts/batch body's declaration."""
+    return Fields({"prompts": Items(prompt_body(max_chars, batch=True), MAX_BATCH,
+                                    f"1 to {MAX_BATCH} prompts, written all or none.")},
+                  required=("prompts",), component="BatchRequest")
+
+
+def _prompt_request(checked: dict[str, Any], default_priority: int) -> PromptRequest:
+    return PromptRequest(text=checked["text"], parent_id=checked.get("parent_id"),
+                         priority=checked.get("priority", default_priority),
+                         max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
+                         options=checked.get("options", {}), run_at=checked.get("run_at"),
+                         delay_seconds=checked.get("delay_seconds"), after=checked.get("after"))
 
 
 def parse_prompt(body: object, max_chars: int) -> PromptRequest:
@@ -406,11 +548,17 @@ def parse_prompt(body: object, max_chars: int) -> PromptRequest:
     Raises:
         falcon.HTTPUnprocessableEntity: a field is missing, unknown or out of range.
     """
-    checked = prompt_body(max_chars).check(body, "")
-    return PromptRequest(text=checked["text"], parent_id=checked.get("parent_id"),
-                         priority=checked.get("priority", DEFAULT_PRIORITY),
-                         max_attempts=checked.get("max_attempts", DEFAULT_MAX_ATTEMPTS),
-                         options=checked.get("options", {}))
+    return _prompt_request(prompt_body(max_chars).check(body, ""), DEFAULT_PRIORITY)
+
+
+def parse_batch(body: object, max_chars: int) -> list[PromptRequest]:
+    """Validates a POST /prompts/batch body: every item, each bad one named by its index.
+
+    Raises:
+        falcon.HTTPUnprocessableEntity: the body is malformed or any item is bad.
+    """
+    checked = prompt_batch_body(max_chars).check(body, "")
+    return [_prompt_request(item, BATCH_DEFAULT_PRIORITY) for item in checked["prompts"]]
 
 
 def check_routable(options: dict[str, Any], routes: Routes) -> None:
@@ -486,6 +634,26 @@ IDEMPOTENCY_KEY = Param("Idempotency-Key", "header",
                          "pattern": _KEY_PATTERN},
                         f"1 to {MAX_KEY_LENGTH} visible ASCII characters; scoped to the caller's "
                         "org and user.")
+
+PREFER = Param("Prefer", "header", {"type": "string", "pattern": _PREFER_PATTERN},
+               f"`wait=N` (N from 0 to {MAX_WAIT_SECONDS}, RFC 7240): hold the answer up to N "
+               "seconds for the job to finish; finished in time answers 200 with the job and "
+               "`response_text`, else the usual 202. No other preference is taken.")
+
+
+def parse_prefer_wait(raw: str | None) -> int:
+    """Parses `Prefer: wait=N`; absent means 0 (answer at once).
+
+    Raises:
+        falcon.HTTPInvalidHeader: anything but `wait=N` with N from 0 to MAX_WAIT_SECONDS.
+    """
+    if raw is None:
+        return 0
+    match = _PREFER_RE.fullmatch(raw)
+    if match is None:
+        raise falcon.HTTPInvalidHeader(f"must be wait=N, N from 0 to {MAX_WAIT_SECONDS}",
+                                       PREFER.name)
+    return int(match.group(1))
 
 
 def parse_since(raw: str | None) -> datetime | None:

@@ -12,6 +12,7 @@ import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import falcon
@@ -28,13 +29,15 @@ from service.app import create_app
 from service.auth import API_PREFIX, PAGE_ROUTES
 from service.event_hub import EventHub
 from service.openapi import OPENAPI_PATH, build_openapi
-from service.validation import IDEMPOTENCY_KEY, UUID_PATTERN
+from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, PREFER, UUID_PATTERN
 
 # NOTE: the document depends on settings only through limits; the test app uses the defaults.
 DOCUMENT = build_openapi(Settings(database_url="", direct_database_url="", provider_url="",
                                   provider_api_key="", provider_model=""))
 EVENTS_PATH = f"{API_PREFIX}/mission/events"
 UUID_RE = re.compile(UUID_PATTERN)
+INSTANT_RE = re.compile(INSTANT_PATTERN)
+PREFER_RE = re.compile(PREFER.schema["pattern"])
 KEY_RE = re.compile(IDEMPOTENCY_KEY.schema["pattern"])
 MAX_KEY_LENGTH = IDEMPOTENCY_KEY.schema["maxLength"]
 
@@ -51,6 +54,7 @@ CONFIG_DATA: dict[str, Any] = {
 CONFIG = SchemathesisConfig.from_dict(CONFIG_DATA)
 PHASES = ("examples", "coverage", "fuzzing", "stateful")
 SUBMIT = f"POST {API_PREFIX}/prompt"
+BATCH = f"POST {API_PREFIX}/prompts/batch"
 
 
 def _until_idle(body: Iterable[bytes]) -> Iterator[bytes]:
@@ -74,6 +78,7 @@ class AppUnderTest:
     target: Any = None
     token: str | None = None
     prompt_id: str | None = None
+    waiting_job_id: str | None = None
     reset: Any = None
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -110,20 +115,41 @@ class BearerToken:
         case.headers = {**(case.headers or {}), "Authorization": f"Bearer {data}"}
 
 
+def _known_prompt(body: Any) -> Any:
+    """One prompt's body with what only the database or the clock can vouch for made real."""
+    if not isinstance(body, dict):
+        return body
+    if isinstance(body.get("parent_id"), str) and UUID_RE.fullmatch(body["parent_id"]):
+        body = {**body, "parent_id": APP.prompt_id}
+    if isinstance(body.get("after"), str) and UUID_RE.fullmatch(body["after"]):
+        body = {**body, "after": APP.waiting_job_id}
+    if isinstance(body.get("run_at"), str) and INSTANT_RE.fullmatch(body["run_at"]):
+        body = {**body, "run_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
+    return body
+
+
 def _known_state(case: Any) -> None:
-    """Makes real what only the database can vouch for, on POST /prompt: a well-formed `parent_id`
-    names the test's own prompt (a made-up one is a 422 by design), and a well-formed
-    Idempotency-Key is a fresh one (reused with another body it is a 422 by design). Both 422s
-    are tested in tests/test_validation.py and tests/test_idempotency.py."""
-    if case.operation.label != SUBMIT:
+    """Makes real what only the database or the clock can vouch for, on POST /prompt and POST
+    /prompts/batch: a well-formed `parent_id` names the test's own prompt and `after` its queued
+    job (a made-up one is a 422 by design), a well-formed `run_at` is an hour ahead (a past one
+    is a 422 by design), and a well-formed Idempotency-Key is a fresh one (reused with another
+    body it is a 422 by design).
+    These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
+    tests/test_idempotency.py. A well-formed `Prefer: wait=N` becomes wait=0: with no worker
+    here, every call would hold N seconds (waiting is tested in tests/test_wait.py)."""
+    if case.operation.label not in (SUBMIT, BATCH):
         return
     body = case.body
-    if isinstance(body, dict) and isinstance(body.get("parent_id"), str) and UUID_RE.fullmatch(
-            body["parent_id"]):
-        case.body = {**body, "parent_id": APP.prompt_id}
+    if case.operation.label == SUBMIT:
+        case.body = _known_prompt(body)
+    elif isinstance(body, dict) and isinstance(body.get("prompts"), list):
+        case.body = {**body, "prompts": [_known_prompt(item) for item in body["prompts"]]}
     key = (case.headers or {}).get(IDEMPOTENCY_KEY.name)
     if isinstance(key, str) and KEY_RE.fullmatch(key) and len(key) <= MAX_KEY_LENGTH:
         case.headers = {**case.headers, IDEMPOTENCY_KEY.name: str(uuid.uuid4())}
+    prefer = (case.headers or {}).get(PREFER.name)
+    if isinstance(prefer, str) and PREFER_RE.fullmatch(prefer):
+        case.headers = {**case.headers, PREFER.name: "wait=0"}
 
 
 stateful.auth(refresh_interval=None)(BearerToken)
@@ -184,11 +210,15 @@ def app_under_test(settings: Settings, pool: ConnectionPool[DictConnection],
                                          headers=auth)
         client.simulate_post(f"{API_PREFIX}/jobs/{submitted.json['job_id']}/cancel", headers=auth)
         APP.prompt_id = submitted.json["prompt_id"]
+        # NOTE: a job still queued (due in an hour), for `after` to name.
+        waiting = client.simulate_post(f"{API_PREFIX}/prompt",
+                                       json={"text": "later", "delay_seconds": 3600}, headers=auth)
+        APP.waiting_job_id = waiting.json["job_id"]
 
     APP.target, APP.token, APP.reset = app, auth["Authorization"].split()[1], reset
     reset()
     yield APP
-    APP.target = APP.token = APP.prompt_id = APP.reset = None
+    APP.target = APP.token = APP.prompt_id = APP.waiting_job_id = APP.reset = None
     hub.stop()
 
 

@@ -59,7 +59,8 @@ _FINALIZE = {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3,
              "content": ["a", None, None], "error_kind": [None, "provider_5xx", "provider_4xx"],
              "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None],
              "spend_attempt": [True, True, True]}
-_CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4}
+_CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4,
+          "aging": 300.0}
 
 HOT_PATH = [
     HotStatement("claim", job_q.JOB_CLAIM_MANY, _CLAIM, job_q.JOB_PLAN_SETTINGS),
@@ -119,7 +120,10 @@ def _probes_ids(bitmap_heap_scan: dict[str, Any]) -> bool:
 
 
 def _bounded(node: dict[str, Any]) -> bool:
-    """True when every read of sa_job under `node` goes through a _BOUNDED_INDEXES index."""
+    """True when every read of sa_job under `node` goes through a _BOUNDED_INDEXES index, or
+    stops at a LIMIT (the fair claim's per-org heads; a sort under the LIMIT is checked itself)."""
+    if node["Node Type"] == "Limit":
+        return True
     if node.get("Relation Name") == "sa_job" and node["Node Type"] != "ModifyTable":
         kind = node["Node Type"]
         if kind == "Bitmap Heap Scan":

@@ -112,6 +112,11 @@ CASES = [
     Case("submit under my idempotency key", "POST", f"{P}/prompt", f"{P}/prompt", 202, 202,
          body={"text": "their own prompt"}, headers={"Idempotency-Key": "owner-key"},
          stranger_check=_not_a_replay, teammate_check=_not_a_replay),
+    Case("submit after my job", "POST", f"{P}/prompt", f"{P}/prompt", 422, 202,
+         body={"text": "next step", "after": "{queued_job}"}),
+    Case("submit a batch continuing my thread", "POST", f"{P}/prompts/batch",
+         f"{P}/prompts/batch", 422, 202,
+         body={"prompts": [{"text": "mine"}, {"text": "reply", "parent_id": "{done_prompt}"}]}),
     Case("read my job", "GET", f"{P}/jobs/{{job_id:uuid}}", f"{P}/jobs/{{queued_job}}", 404, 200),
     Case("cancel my job", "POST", f"{P}/jobs/{{job_id:uuid}}/cancel",
          f"{P}/jobs/{{queued_job}}/cancel", 404, 200, teammate_check=_cancelled),
@@ -196,7 +201,15 @@ def test_every_scoped_route_has_a_tenancy_case(client: falcon.testing.TestClient
 def _fill(body: dict[str, Any] | None, world: World) -> dict[str, Any] | None:
     if body is None:
         return None
-    return {k: world.fill(v) if isinstance(v, str) else v for k, v in body.items()}
+    return {k: _fill_value(v, world) for k, v in body.items()}
+
+
+def _fill_value(value: Any, world: World) -> Any:
+    if isinstance(value, str):
+        return world.fill(value)
+    if isinstance(value, list):
+        return [_fill(item, world) for item in value]
+    return value
 
 
 def _missing(path: str) -> str:

@@ -39,6 +39,8 @@ class ErrorKind(StrEnum):
     STUCK = "stuck"
     UNKNOWN = "unknown"
     INVALID_OPTIONS = "invalid_options"
+    DEPENDENCY_FAILED = "dependency_failed"
+    """The job's predecessor (`after`) failed, was cancelled or superseded: it never ran."""
 
 
 RETRYABLE: frozenset[ErrorKind] = frozenset(

@@ -11,8 +11,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load_routes
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL", "KEY_TTL_SECONDS", "Settings",
-           "SettingsError", "notify_interval"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL", "DEFAULT_PRIORITY_AGING",
+           "KEY_TTL_SECONDS", "Settings", "SettingsError", "notify_interval"]
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A chat completion is kilobytes; megabytes mean a misbehaving server (SA_PROVIDER_MAX_RESPONSE_BYTES)."""
@@ -26,6 +26,11 @@ NOTE: here, not in the engine, because retention settings are checked against it
 
 class SettingsError(ValueError):
     """An environment variable holds a value the service cannot use."""
+
+
+DEFAULT_PRIORITY_AGING = 300.0
+"""Seconds after which a due job at the head of its org's queue ranks before every priority
+(SA_PRIORITY_AGING)."""
 
 
 def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
@@ -152,6 +157,7 @@ class Settings:
     org_max_queued: int = 0
     cors_origins: tuple[str, ...] = ()
     org_max_running: int = 0
+    priority_aging: float = DEFAULT_PRIORITY_AGING
     metrics_port: int = 0
     statement_timeout: float = 30.0
     lock_timeout: float = 10.0
@@ -217,6 +223,7 @@ class Settings:
             org_max_queued=_int(env, "SA_ORG_MAX_QUEUED", 0, minimum=0),
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
+            priority_aging=_float(env, "SA_PRIORITY_AGING", DEFAULT_PRIORITY_AGING),
             metrics_port=_port(env, "SA_METRICS_PORT"),
             statement_timeout=_seconds_or_off(env, "SA_STATEMENT_TIMEOUT", 30.0),
             lock_timeout=_seconds_or_off(env, "SA_LOCK_TIMEOUT", 10.0),

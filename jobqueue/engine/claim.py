@@ -21,6 +21,7 @@ from jobqueue.core import metrics, wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.queries import job as q
+from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.core.states import JobState
 from jobqueue.engine import transitions
 
@@ -103,6 +104,7 @@ def claim(
     limit: int,
     priority_ceiling: int,
     org_max_running: int = 0,
+    priority_aging: float = DEFAULT_PRIORITY_AGING,
 ) -> list[ClaimedJob]:
     """Claims up to `limit` claimable jobs, most urgent (lowest priority number) then oldest first.
 
@@ -113,6 +115,8 @@ def claim(
         priority_ceiling: only jobs with priority <= this.
         org_max_running: when > 0, no org gets more running jobs than this (exact across
             workers: capped claims serialize on an advisory lock).
+        priority_aging: seconds after which a due job is claimed before every priority
+            (`SA_PRIORITY_AGING`).
 
     Returns:
         The claimed jobs in claim order.
@@ -120,7 +124,8 @@ def claim(
     if limit <= 0:
         return []
     params = {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling,
-              "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH}
+              "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH,
+              "aging": priority_aging}
     # PERF: BEGIN, the plan settings and COMMIT cost three short round trips more than the lone
     # statement; they buy a claim whose cost does not grow with the backlog (see the settings).
     with pool.connection() as conn, metrics.CLAIM_SECONDS.time(), conn.cursor() as cur:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import json
 import uuid
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -23,10 +26,17 @@ from jobqueue.core.tokens import Caller
 from jobqueue.engine import transitions
 from jobqueue.engine.idempotency import request_fingerprint
 
-__all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "enqueue"]
+__all__ = ["QUEUE_FULL_RETRY_AFTER", "WAITING_UNTIL", "Enqueued", "Submission", "enqueue",
+           "enqueue_many"]
 
 QUEUE_FULL_RETRY_AFTER = 30
 """Seconds a client is told to wait (Retry-After) when its org's queue is full."""
+
+WAITING_UNTIL = datetime(9999, 12, 31, tzinfo=UTC)
+"""The scheduled_for of a job waiting for its predecessor (`after`): never due by time, only
+released by the predecessor's success (0014_workflows.sql says the same literal)."""
+
+_ENDED = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.SUPERSEDED})
 
 # NOTE: a live key can expire between the enqueue statement (which found it live) and the read
 # of its row; the enqueue is then simply tried again, and the next try takes the key over.
@@ -48,6 +58,32 @@ class Enqueued:
     replayed: bool = False
 
 
+@dataclass(frozen=True)
+class Submission:
+    """One prompt of a batch, validated by the caller (the fields of POST /prompt)."""
+
+    text: str
+    parent_id: uuid.UUID | None = None
+    priority: int = 50
+    max_attempts: int = 3
+    options: dict[str, Any] = field(default_factory=dict)
+    run_at: datetime | None = None
+    delay_seconds: int | None = None
+    after: uuid.UUID | None = None
+
+    def schedule(self) -> dict[str, Any]:
+        """The scheduling fields given, as they join the request fingerprint."""
+        return {name: value for name, value in (
+            ("run_at", self.run_at.isoformat() if self.run_at is not None else None),
+            ("delay_seconds", self.delay_seconds),
+            ("after", str(self.after) if self.after is not None else None)) if value is not None}
+
+    def fingerprint(self) -> bytes:
+        """The request fingerprint of this prompt (`request_fingerprint`)."""
+        return request_fingerprint(self.text, self.parent_id, self.priority, self.max_attempts,
+                                   self.options, self.schedule())
+
+
 def enqueue(
     pool: ConnectionPool[DictConnection],
     caller: Caller,
@@ -59,6 +95,9 @@ def enqueue(
     options: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
     max_queued: int = 0,
+    run_at: datetime | None = None,
+    delay_seconds: int | None = None,
+    after: uuid.UUID | None = None,
 ) -> Enqueued:
     """Writes the prompt and a queued job in one statement (atomic), unless a guard says no.
 
@@ -74,12 +113,16 @@ def enqueue(
             same request with the same key within `KEY_TTL_SECONDS` returns the first answer,
             with `replayed` set, and writes nothing.
         max_queued: the most jobs the caller's org may have queued at once; 0 for no cap.
+        run_at: when the job becomes claimable (validated by the caller: not past, not absurd).
+        delay_seconds: or: how long from the database's now until it does.
+        after: or: a job (or prompt: its latest job) of the caller's org this one waits for.
 
     Returns:
         The new ids and state (or the original ones, for a replay).
 
     Raises:
-        InvalidInput: `parent_id` names no entity of the caller's org.
+        InvalidInput: `parent_id` names no entity of the caller's org, or `after` no job or
+            prompt of it, or a job already failed, cancelled or superseded.
         IdempotencyKeyReused: the key is bound to a different request.
         QueueFull: the org already has `max_queued` queued jobs.
     """
@@ -96,9 +139,14 @@ def enqueue(
         "idempotency_key": idempotency_key,
         "request_hash": None,
         "key_ttl": KEY_TTL_SECONDS,
+        "run_at": run_at,
+        "delay_seconds": delay_seconds,
+        "after": after,
+        "waiting_until": WAITING_UNTIL,
     }
     if idempotency_key is not None:
-        params["request_hash"] = request_fingerprint(text, parent_id, priority, max_attempts, opts)
+        params["request_hash"] = Submission(text, parent_id, priority, max_attempts, opts, run_at,
+                                            delay_seconds, after).fingerprint()
     for _ in range(_KEY_ATTEMPTS):
         params["prompt_id"], params["job_id"] = uuid.uuid4(), uuid.uuid4()
         with pool.connection() as conn:
@@ -113,14 +161,27 @@ def enqueue(
                              prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
                     return replayed
         if row["id"] is not None:
-            wakeup.for_pool(pool).job_queued()
+            scheduled = run_at is not None or bool(delay_seconds)
+            if row["scheduled_for"] != WAITING_UNTIL:
+                wakeup.for_pool(pool).job_queued(
+                    row["scheduled_for"].timestamp() if scheduled else None)
+            extra: dict[str, Any] = {}
+            if scheduled:
+                extra["scheduled_for"] = row["scheduled_for"].isoformat()
+            if after is not None:
+                extra["after"] = str(after)
             transitions.record("job.enqueued", None, JobState.QUEUED, job_id=str(row["id"]),
                                prompt_id=str(row["prompt_id"]), org_id=caller.org_id,
-                               user_id=caller.user_id, priority=priority)
+                               user_id=caller.user_id, priority=priority, **extra)
             return Enqueued(prompt_id=row["prompt_id"], job_id=row["id"], state=row["state"],
                             created_at=row["created_at"])
         if not row["parent_ok"]:
             raise InvalidInput(f"parent_id {parent_id} does not name an existing entity")
+        if after is not None and row["after_state"] is None:
+            raise InvalidInput(f"after: {after} names no job or prompt of your organization")
+        if after is not None and row["after_state"] in _ENDED:
+            raise InvalidInput(f"after: its job is {row['after_state']} and will never succeed; "
+                               "retry it first")
         if not row["under_cap"]:
             raise QueueFull(
                 f"your organization already has {max_queued} queued jobs (the most allowed); "
@@ -128,8 +189,91 @@ def enqueue(
     raise RuntimeError(f"enqueue: idempotency key kept changing hands ({_KEY_ATTEMPTS} tries)")
 
 
-def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int) -> Row:
-    """Runs the enqueue statement; under the org's enqueue lock when a cap is set."""
+def enqueue_many(
+    pool: ConnectionPool[DictConnection],
+    caller: Caller,
+    items: Sequence[Submission],
+    *,
+    idempotency_key: str | None = None,
+    max_queued: int = 0,
+) -> list[Enqueued]:
+    """Writes a batch of prompts and their queued jobs in one statement: all of them or none.
+
+    Args:
+        pool: database pool.
+        caller: org and user the prompts belong to.
+        items: the validated prompts, in the order their ids are answered.
+        idempotency_key: one key for the whole batch; a repeat of the same batch within
+            `KEY_TTL_SECONDS` answers the original ids (`replayed`) and writes nothing.
+        max_queued: as for `enqueue`; the whole batch must fit.
+
+    Returns:
+        One Enqueued per item, in input order.
+
+    Raises:
+        InvalidInput: some `parent_id` names no entity of the caller's org (each position named).
+        IdempotencyKeyReused: the key is bound to a different request.
+        QueueFull: the batch does not fit under the org's cap.
+    """
+    params: dict[str, Any] = {
+        "org_id": caller.org_id, "user_id": caller.user_id,
+        "parent_ids": [item.parent_id for item in items],
+        "texts": [item.text for item in items],
+        "priorities": [item.priority for item in items],
+        "max_attempts": [item.max_attempts for item in items],
+        # PERF: options go as JSON text, cast by the statement: cheaper than one Jsonb per item.
+        "options": [json.dumps(item.options) for item in items],
+        "run_ats": [item.run_at for item in items],
+        "delays": [item.delay_seconds for item in items],
+        "max_queued": max_queued, "idempotency_key": idempotency_key, "request_hash": None,
+        "key_ttl": KEY_TTL_SECONDS,
+    }
+    if idempotency_key is not None:
+        params["request_hash"] = hashlib.sha256(
+            b"batch" + b"".join(item.fingerprint() for item in items)).digest()
+    for _ in range(_KEY_ATTEMPTS):
+        params["prompt_ids"] = [uuid.uuid4() for _ in items]
+        params["job_ids"] = [uuid.uuid4() for _ in items]
+        with pool.connection() as conn:
+            row = _insert(conn, params, max_queued, q.PROMPT_INSERT_WITH_JOB_MANY)
+            if not row["written"] and idempotency_key is not None:
+                key_row = conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
+                    "org_id": caller.org_id, "user_id": caller.user_id, "key": idempotency_key,
+                    "ttl": KEY_TTL_SECONDS}).fetchone()
+                if key_row is not None:
+                    _replay(key_row, params["request_hash"])
+                    log.info("job.enqueue_replayed", jobs=len(items), org_id=caller.org_id)
+                    return [Enqueued(prompt_id=prompt_id, job_id=job_id, state="queued",
+                                     created_at=key_row["created_at"], replayed=True)
+                            for prompt_id, job_id in zip(key_row["batch_prompt_ids"] or [],
+                                                         key_row["batch_job_ids"] or [],
+                                                         strict=True)]
+        if row["written"]:
+            sender = wakeup.for_pool(pool)
+            if row["written"] > len(row["dues"] or ()):
+                sender.job_queued()
+            for due in row["dues"] or ():
+                sender.job_queued(due)
+            transitions.record("job.enqueued", None, JobState.QUEUED, count=row["written"],
+                               jobs=row["written"], org_id=caller.org_id, user_id=caller.user_id)
+            return [Enqueued(prompt_id=prompt_id, job_id=job_id, state=JobState.QUEUED.value,
+                             created_at=row["created_at"])
+                    for prompt_id, job_id in zip(params["prompt_ids"], params["job_ids"],
+                                                 strict=True)]
+        if row["bad_parents"]:
+            raise InvalidInput("; ".join(
+                f"prompts[{n}].parent_id: does not name an existing entity"
+                for n in row["bad_parents"]))
+        if not row["under_cap"]:
+            raise QueueFull(
+                f"this batch would take your organization past {max_queued} queued jobs (the "
+                "most allowed); retry when some have started", retry_after=QUEUE_FULL_RETRY_AFTER)
+    raise RuntimeError(f"enqueue: idempotency key kept changing hands ({_KEY_ATTEMPTS} tries)")
+
+
+def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int,
+            statement: str = q.PROMPT_INSERT_WITH_JOB) -> Row:
+    """Runs an enqueue statement; under the org's enqueue lock when a cap is set."""
     if max_queued > 0:
         # NOTE: the lock makes the cap exact: see ORG_ENQUEUE_LOCK.
         # PERF: BEGIN, lock, insert, COMMIT: three round trips more than the lone statement
@@ -138,9 +282,9 @@ def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int) -> Ro
         # drains at thousands of submits per second, and other orgs never wait on it.
         with conn.transaction():
             conn.execute(idempotency_q.ORG_ENQUEUE_LOCK, {"org_id": params["org_id"]})
-            row = conn.execute(q.PROMPT_INSERT_WITH_JOB, params).fetchone()
+            row = conn.execute(statement, params).fetchone()
     else:
-        row = conn.execute(q.PROMPT_INSERT_WITH_JOB, params).fetchone()
+        row = conn.execute(statement, params).fetchone()
     assert row is not None  # NOTE: the statement always answers one row (the gate's)
     return row
 

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics, wakeup
@@ -28,6 +29,8 @@ __all__ = [
     "succeeded",
     "throttled",
 ]
+
+log = structlog.get_logger(__name__)
 
 # NOTE: response ids derive from (prompt, job), so a duplicate finalize of the same job
 # collides on sa_entity's primary key instead of creating a second response.
@@ -114,14 +117,29 @@ def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> 
     with pool.connection() as conn:
         rows = conn.execute(q.JOB_SET_STATE_IF_RUNNING_MANY, params).fetchall()
     # NOTE: by (id, attempt): a batch may hold a stale attempt of a job next to its current one.
-    won = {(r["id"], r["attempt"]) for r in rows}
+    won = {(r["id"], r["attempt"]): r["dependents"] for r in rows}
     results = [(f.job.id, f.job.attempt) in won for f in finishes]
     _wake(pool, finishes, results)
     now = time.monotonic()
     for f, ok in zip(finishes, results, strict=True):
         if ok:
             _record(f, now)
+            _settled(pool, f, won[(f.job.id, f.job.attempt)])
     return results
+
+
+def _settled(pool: ConnectionPool[DictConnection], f: Finish, dependents: int) -> None:
+    """Wakes workers for the dependents the job's success released, or records the ones its
+    failure ended (trigger sa_job_settle_dependents wrote them, in the finalize statement)."""
+    if not dependents:
+        return
+    if f.to_state is JobState.SUCCEEDED:
+        wakeup.for_pool(pool).job_queued()
+        log.info("job.dependents_released", job_id=str(f.job.id), jobs=dependents)
+    elif f.to_state is JobState.FAILED:
+        transitions.record("job.dependents_ended", JobState.QUEUED, JobState.CANCELLED,
+                           error_kind=ErrorKind.DEPENDENCY_FAILED, count=dependents,
+                           jobs=dependents, predecessor=str(f.job.id), org_id=f.job.org_id)
 
 
 def _record(f: Finish, now: float) -> None:

@@ -34,21 +34,27 @@ def request_fingerprint(
     priority: int,
     max_attempts: int,
     options: dict[str, Any],
+    schedule: dict[str, Any] | None = None,
 ) -> bytes:
     """Returns the SHA-256 of the validated request in canonical form.
 
     Canonical means: defaults filled in, keys sorted, no insignificant whitespace. So two bodies
     that differ only in key order, spacing or spelled-out defaults (`{"text": "a"}` and
     `{"priority": 50, "text": "a"}`) are the same request; any difference in meaning is not.
+    `schedule` (`run_at`, `delay_seconds`, `after` as given) joins the fingerprint only when
+    set, so the fingerprint of an unscheduled request is what it always was.
     """
+    fields: dict[str, Any] = {
+        "text": text,
+        "parent_id": str(parent_id) if parent_id is not None else None,
+        "priority": priority,
+        "max_attempts": max_attempts,
+        "options": options,
+    }
+    if schedule:
+        fields["schedule"] = schedule
     canonical = json.dumps(
-        {
-            "text": text,
-            "parent_id": str(parent_id) if parent_id is not None else None,
-            "priority": priority,
-            "max_attempts": max_attempts,
-            "options": options,
-        },
+        fields,
         sort_keys=True,
         separators=(",", ":"),
         ensure_ascii=True,

@@ -31,6 +31,7 @@ from jobqueue.devtools import fake_provider
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.reclaim import Reclaimer
 from jobqueue.operator.cli_pool import Answer, fail, print_answer, with_cli_pool
+from jobqueue.operator.client_commands import add_client_commands, priority_arg
 from jobqueue.operator.migrate import MigrationError, migrate
 from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
@@ -92,6 +93,7 @@ def _run_worker(args: argparse.Namespace) -> int:
     config = WorkerConfig(
         concurrency=args.concurrency, batch_size=args.batch_size,
         priority_ceiling=args.priority_ceiling, org_max_running=settings.org_max_running,
+        priority_aging=settings.priority_aging,
         poll_interval=settings.poll_interval,
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
@@ -178,13 +180,6 @@ def _positive(text: str) -> int:
     return value
 
 
-def _priority(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError("must be within 0..100")
-    return value
-
-
 def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the answer as JSON")
 
@@ -210,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--once", action="store_true", help="one claim round, then exit")
     worker.add_argument("--batch-size", type=_positive, default=None,
                         help="most jobs claimed at once (default: --concurrency)")
-    worker.add_argument("--priority-ceiling", type=_priority, default=100,
+    worker.add_argument("--priority-ceiling", type=priority_arg, default=100,
                         help="claim only jobs with priority <= N")
     worker.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY,
                         help=f"provider calls in flight at once (greenlets; default {DEFAULT_CONCURRENCY})")
@@ -234,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_operator_commands(sub)
 
     add_token_commands(sub)
+    add_client_commands(sub)
 
     fake = sub.add_parser("fake-provider", help="run the OpenAI-compatible fake provider")
     fake_provider.add_arguments(fake)

@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.runtime.completer import FinishTimeout
@@ -50,6 +51,7 @@ class WorkerConfig:
     batch_size: int | None = None
     priority_ceiling: int = 100
     org_max_running: int = 0
+    priority_aging: float = DEFAULT_PRIORITY_AGING
     poll_interval: float = 2.0
     heartbeat_interval: float = 30.0
     shutdown_grace: float = 30.0
@@ -219,7 +221,7 @@ class Worker:
         if self.executor.gate.all_paused(list(self.executor.providers.routes.routes)):
             return False
         jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
-                     self.config.org_max_running)
+                     self.config.org_max_running, self.config.priority_aging)
         self.claim_rounds += 1
         for job in jobs:
             run = _Run(job, RunControl(partial(self._call_returned, job.id)))

@@ -1,4 +1,4 @@
-"""POST /prompt and GET /prompts/{id}."""
+"""POST /prompt, POST /prompts/batch and GET /prompts/{id}."""
 
 from __future__ import annotations
 
@@ -9,11 +9,21 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from jobqueue.engine.enqueue import enqueue
-from service.lookup import get_prompt
-from service.validation import check_routable, parse_idempotency_key, parse_prompt
+from jobqueue.core.states import TERMINAL
+from jobqueue.engine.enqueue import Enqueued, Submission, enqueue, enqueue_many
+from service.event_hub import EventHub
+from service.lookup import get_job_with_response, get_prompt
+from service.validation import (
+    PREFER,
+    check_routable,
+    parse_batch,
+    parse_idempotency_key,
+    parse_prefer_wait,
+    parse_prompt,
+)
 
-__all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptCollection", "PromptItem"]
+__all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptBatch", "PromptCollection",
+           "PromptItem"]
 
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -22,8 +32,10 @@ REPLAYED_HEADER = "Idempotent-Replayed"
 class PromptCollection:
     """Submits a prompt: 202 at once, the work happens in a worker."""
 
-    def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings) -> None:
+    def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings,
+                 hub: EventHub) -> None:
         self._pool = pool
+        self._hub = hub
         self._max_chars = settings.max_prompt_chars
         self._max_queued = settings.org_max_queued
         self._routes = settings.routes
@@ -32,21 +44,77 @@ class PromptCollection:
         """Writes the prompt and its queued job; answers 202 with both ids.
 
         With an Idempotency-Key already used for the same request, answers the original ids
-        with `Idempotent-Replayed: true` and writes nothing.
+        with `Idempotent-Replayed: true` and writes nothing. With `Prefer: wait=N`, answers 200
+        with the job and its `response_text` if the job ends within N seconds.
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
+        wait = parse_prefer_wait(req.get_header(PREFER.name))
         request = parse_prompt(req.get_media(), self._max_chars)
         check_routable(request.options, self._routes)
         done = enqueue(
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
+            run_at=request.run_at, delay_seconds=request.delay_seconds, after=request.after,
         )
-        resp.status = falcon.HTTP_202
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")
         resp.location = f"{req.root_path}/sa-core/v1/jobs/{done.job_id}"
+        finished = self._wait(req, done, wait) if wait else None
+        if finished is not None:
+            resp.status = falcon.HTTP_200
+            resp.media = finished
+            return
+        resp.status = falcon.HTTP_202
         resp.media = {"prompt_id": done.prompt_id, "job_id": done.job_id, "state": done.state}
+
+    def _wait(self, req: falcon.Request, done: Enqueued, seconds: int) -> dict[str, object] | None:
+        """Waits up to `seconds` for the job to end; returns it with its response, else None.
+
+        NOTE: woken by the event hub, which already reads every transition once per process;
+        the request holds no pool connection while it waits, only for the two short reads.
+        """
+        finished = self._hub.watch_job(done.job_id)
+        try:
+            # NOTE: read once after watching: the job may have ended before the watch began.
+            job = get_job_with_response(self._pool, req.context.caller, done.job_id)
+            if job["state"] not in TERMINAL and finished.wait(seconds):
+                job = get_job_with_response(self._pool, req.context.caller, done.job_id)
+        finally:
+            self._hub.unwatch_job(done.job_id, finished)
+        return job if job["state"] in TERMINAL else None
+
+
+class PromptBatch:
+    """Submits up to MAX_BATCH prompts at once: one statement, all or none, 202 at once."""
+
+    def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings) -> None:
+        self._pool = pool
+        self._max_chars = settings.max_prompt_chars
+        self._max_queued = settings.org_max_queued
+        self._routes = settings.routes
+
+    def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
+        """Writes every prompt and its queued job; answers 202 with their ids in input order.
+
+        One Idempotency-Key covers the batch: a repeat answers the original ids with
+        `Idempotent-Replayed: true` and writes nothing.
+        """
+        key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
+        requests = parse_batch(req.get_media(), self._max_chars)
+        for request in requests:
+            check_routable(request.options, self._routes)
+        items = [Submission(text=r.text, parent_id=r.parent_id, priority=r.priority,
+                            max_attempts=r.max_attempts, options=r.options, run_at=r.run_at,
+                            delay_seconds=r.delay_seconds)
+                 for r in requests]
+        done = enqueue_many(self._pool, req.context.caller, items, idempotency_key=key,
+                            max_queued=self._max_queued)
+        resp.status = falcon.HTTP_202
+        if done[0].replayed:
+            resp.set_header(REPLAYED_HEADER, "true")
+        resp.media = {"items": [{"prompt_id": d.prompt_id, "job_id": d.job_id, "state": d.state}
+                                for d in done]}
 
 
 class PromptItem:

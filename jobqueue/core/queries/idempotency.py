@@ -5,7 +5,7 @@ __all__ = ["IDEMPOTENCY_KEY_DELETE_EXPIRED_MANY", "IDEMPOTENCY_KEY_GET_LIVE", "O
 # served by sa_idempotency_key_pkey (org_id, user_id, key) (0004_idempotency.sql). A key
 # older than `ttl` seconds is treated as absent, exactly as the enqueue statement treats it.
 IDEMPOTENCY_KEY_GET_LIVE = """
-SELECT request_hash, prompt_id, job_id, created_at
+SELECT request_hash, prompt_id, job_id, created_at, batch_prompt_ids, batch_job_ids
   FROM sa_idempotency_key
  WHERE org_id = %(org_id)s AND user_id = %(user_id)s AND key = %(key)s
    AND created_at > now() - make_interval(secs => %(ttl)s)

@@ -92,20 +92,54 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
        set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 """
 
-# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
-# (0001_core_schema.sql), walked in claim order and stopped after LIMIT (under
-# JOB_PLAN_SETTINGS), then sa_job_pkey for the update. SKIP LOCKED keeps concurrent claimers
-# disjoint; LIMIT is the caller's free slots, so a worker never holds a job it cannot start.
+# Fair sharing: within a priority, orgs take turns. `orgs` lists the orgs with queued work by a
+# loose index scan of sa_job_org_queued_idx (org_id) WHERE state = 'queued' (0004), one probe
+# per org; `heads` reads each org's first `limit` claimable jobs in (priority, scheduled_for)
+# order from sa_job_org_claim_idx (org_id, priority, scheduled_for) WHERE state = 'queued'
+# (0014), numbering them per priority (`turn`, from the index order: no sort of the backlog);
+# `picked` takes, most urgent priority first, every org's first turn, then every org's second,
+# ..., oldest first within a turn, up to the caller's free slots, and locks them by sa_job_pkey.
+# SKIP LOCKED keeps concurrent claimers disjoint (a head another claimer holds is skipped, not
+# replaced: that claim takes fewer, and the next round more).
+# Priority aging: among those heads, one due for `aging` seconds or more ranks before every
+# priority (`rank` -1), still taking turns with the other orgs' aged heads, so another org's
+# low-priority work waits about that long at most behind a flood of urgent work. An org's own
+# low-priority jobs stay behind its own more urgent ones (they are not among its heads).
+# PERF: reads at most (orgs with queued work) x `limit` index entries and sorts only those, so
+# its cost grows with the number of orgs waiting, never with the backlog (tests/test_plans.py,
+# bench/fairness.py). Run under JOB_PLAN_SETTINGS.
 JOB_CLAIM_MANY = (
     """
-WITH picked AS (
-    SELECT id
-      FROM sa_job
-     WHERE state = 'queued'
-       AND priority <= %(ceiling)s
-       AND scheduled_for <= now()
-     ORDER BY priority, scheduled_for
-     LIMIT %(limit)s
+WITH RECURSIVE orgs AS (
+    (SELECT org_id FROM sa_job WHERE state = 'queued' ORDER BY org_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.org_id FROM sa_job j
+             WHERE j.state = 'queued' AND j.org_id > orgs.org_id
+             ORDER BY j.org_id LIMIT 1)
+      FROM orgs
+     WHERE orgs.org_id IS NOT NULL
+), heads AS (
+    SELECT head.id, head.scheduled_for, head.turn,
+           CASE WHEN head.scheduled_for <= now() - make_interval(secs => %(aging)s) THEN -1
+                ELSE head.priority END AS rank
+      FROM orgs
+     CROSS JOIN LATERAL (
+           SELECT j.id, j.priority, j.scheduled_for,
+                  row_number() OVER (PARTITION BY j.priority ORDER BY j.scheduled_for) AS turn
+             FROM sa_job j
+            WHERE j.state = 'queued'
+              AND j.org_id = orgs.org_id
+              AND j.priority <= %(ceiling)s
+              AND j.scheduled_for <= now()
+            ORDER BY j.priority, j.scheduled_for
+            LIMIT %(limit)s) AS head
+), picked AS (
+    SELECT j.id
+      FROM sa_job j
+     WHERE j.id = ANY (ARRAY(SELECT heads.id FROM heads
+                              ORDER BY heads.rank, heads.turn, heads.scheduled_for
+                              LIMIT %(limit)s))
+       AND j.state = 'queued'
        FOR UPDATE SKIP LOCKED
 )
 """
@@ -163,8 +197,11 @@ WITH running AS (
 # A streamed attempt's partial text (sa_job_partial) goes with its finalize, whatever the
 # outcome: only a succeeded attempt's text becomes a response. Every job written gets its ledger
 # row, unless no provider call was made (latency_ms null: a job put back because its route was
-# already paused). The statement fails as a whole if any insert does (the completer then splits
-# the batch). The answer is (id, attempt, to_state) per job written, with
+# already paused). A job's waiting dependents (`after`) are released or ended by trigger
+# sa_job_settle_dependents (0014_workflows.sql) in this same statement; `dependents` counts them
+# (the statement's snapshot predates the trigger's writes), served by sa_job_after_idx. The
+# statement fails as a whole if any insert does (the completer then splits the batch). The
+# answer is (id, attempt, to_state, dependents) per job written, with
 # the attempt it was claimed at.
 # PERF: one statement, so one round trip and one commit for a whole mixed batch.
 JOB_SET_STATE_IF_RUNNING_MANY = """
@@ -230,7 +267,10 @@ WITH done AS (
 ), partial AS (
     DELETE FROM sa_job_partial p USING job WHERE p.job_id = job.id
 )
-SELECT id, attempt, to_state FROM job
+SELECT id, attempt, to_state,
+       (SELECT count(*) FROM sa_job d WHERE d.after_job_id = job.id AND d.state = 'queued'
+           AND d.scheduled_for = '9999-12-31 00:00:00+00') AS dependents
+  FROM job
 """
 
 # served by sa_job_pkey (id). Fails claimed jobs the worker cannot run at all (claim.py's
@@ -286,7 +326,7 @@ JOB_GET = (
     "SELECT "
     + JOB_COLUMNS
     + _READ_COLUMNS
-    + """
+    + """, after_job_id
   FROM sa_job
  WHERE id = %(job_id)s AND org_id = %(org_id)s
 """
