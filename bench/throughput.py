@@ -9,8 +9,7 @@ INSERT statement), `sa-core fake-provider` in its own process (answers at once),
 included) until every job has succeeded, polled every 50 ms. Rounds are interleaved.
 
 Cost per job: round trips are the workers' own counts (claim statements and finalize batches, from
-their `worker.stopped` log line; a batch is one statement, or BEGIN + one per target state +
-COMMIT when it mixes outcomes). Commits, inserts and updates come from the scratch database's
+their `worker.stopped` log line on stderr; a batch is one statement, whatever its outcomes). Commits, inserts and updates come from the scratch database's
 `pg_stat_database`, read before the workers start and after they and the poller have exited (a
 backend flushes its counters on exit), this script's own polls subtracted. Commits include the
 transactions in which each LISTENing worker reads notifications (Postgres wakes every listener
@@ -106,7 +105,7 @@ def run_once(cell: Cell, jobs: int, provider_port: int) -> None:
                 started = time.monotonic()
                 workers = [subprocess.Popen([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
                                              str(cell.concurrency)], cwd=REPO, env={**os.environ, **env},
-                                            stdout=log, stderr=subprocess.DEVNULL) for log in logs]
+                                            stdout=subprocess.DEVNULL, stderr=log) for log in logs]
                 while True:
                     row = poller.execute(DONE).fetchone()
                     polls += 1
