@@ -9,12 +9,12 @@ INSERT statement), `sa-core fake-provider` in its own process (answers at once),
 included) until every job has succeeded, polled every 50 ms. Rounds are interleaved.
 
 Cost per job: round trips are the workers' own counts (claim statements and finalize batches, from
-their `worker.stopped` log line on stderr; a batch is one statement, whatever its outcomes). Commits, inserts and updates come from the scratch database's
-`pg_stat_database`, read before the workers start and after they and the poller have exited (a
-backend flushes its counters on exit), this script's own polls subtracted. Commits include the
-transactions in which each LISTENing worker reads notifications (Postgres wakes every listener
-of the database on each notifying commit), so they exceed the workers' own statements.
-"""
+their `worker.stopped` log line on stderr; a batch is one statement, whatever its outcomes).
+Commits, inserts and updates come from the scratch database's `pg_stat_database`, read before the
+workers start and after they and the poller have exited (a backend flushes its counters on exit),
+this script's own polls subtracted. Commits include the transactions in which each LISTENing worker
+reads notifications (Postgres wakes every listener of the database on each notifying commit), so
+they exceed the workers' own statements. """
 
 from __future__ import annotations
 
