@@ -14,7 +14,8 @@ Commits, inserts and updates come from the scratch database's `pg_stat_database`
 workers start and after they and the poller have exited (a backend flushes its counters on exit),
 this script's own polls subtracted. Commits include the transactions in which each LISTENing worker
 reads notifications (Postgres wakes every listener of the database on each notifying commit), so
-they exceed the workers' own statements. """
+they exceed the workers' own statements.
+"""
 
 from __future__ import annotations
 
