@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import falcon.testing
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
@@ -50,6 +52,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
 def database_url() -> Iterator[str]:
     with scratch_database("sa_test", "SA_TEST_DATABASE_URL") as url:
         yield url
+
+
+@pytest.fixture
+def empty_database(database_url: str) -> Iterator[str]:
+    """A database of its own with nothing in it, not even the migrations; dropped afterwards."""
+    name = f"sa_empty_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+    try:
+        yield make_conninfo(database_url, dbname=name)
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
 
 
 @pytest.fixture(scope="session")

@@ -11,15 +11,11 @@ import socket
 import subprocess
 import sys
 import threading
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
-import psycopg
 import pytest
-from psycopg.conninfo import make_conninfo
 
 from tests.conftest import wait_for
 
@@ -60,18 +56,6 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if subprocess.run([*install, "--offline"], capture_output=True, env=env).returncode != 0:
         _run(install, env=env)
     return venv
-
-
-@pytest.fixture
-def empty_database(database_url: str) -> Iterator[str]:
-    name = f"sa_wheel_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
-    try:
-        yield make_conninfo(database_url, dbname=name)
-    finally:
-        with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
 
 
 class Process:
