@@ -84,13 +84,14 @@ def test_post_answers_202_while_the_provider_is_slow_and_the_job_finishes_withou
     client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
     pool: ConnectionPool[DictConnection], settings: Any,
 ) -> None:
-    slow = submit(client, auth, text="slow one [fake:latency=5]")
+    slow = submit(client, auth, text="slow one [fake:latency=3]")
     workers.start(concurrency=2)
     wait_for(lambda: job_state(client, auth, slow["job_id"]) == "running")
 
     quick = submit(client, auth, text="quick one")
 
-    # NOTE: the 202 came back while the 5 s provider call was still in flight.
+    # NOTE: the 202 came back while the 3 s provider call was still in flight (the tests' provider
+    # timeout is 5 s, one wall-clock deadline per call, so the call must be well under it).
     assert job_state(client, auth, slow["job_id"]) == "running"
     assert quick["state"] == "queued"
     wait_for(lambda: job_state(client, auth, quick["job_id"]) == "succeeded")
@@ -99,7 +100,7 @@ def test_post_answers_202_while_the_provider_is_slow_and_the_job_finishes_withou
     later_client = falcon.testing.TestClient(create_app(settings, pool))
     wait_for(lambda: job_state(later_client, auth, slow["job_id"]) == "succeeded", timeout=15)
     prompt = later_client.simulate_get(f"/sa-core/v1/prompts/{slow['prompt_id']}", headers=auth).json
-    assert prompt["response"]["content"] == "echo[1]: user:slow one [fake:latency=5]"
+    assert prompt["response"]["content"] == "echo[1]: user:slow one [fake:latency=3]"
     assert [j["id"] for j in prompt["jobs"]] == [slow["job_id"]]
 
 
