@@ -44,10 +44,15 @@ class LineLogger:
     def __init__(self) -> None:
         self._pending = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._flushing = threading.Lock()
         atexit.register(self._flush)
         # NOTE: gunicorn's master sets logging up, then forks its workers; a thread does not survive
-        # a fork, so each child starts its own flusher on its first line.
-        os.register_at_fork(after_in_child=self._forget_flusher)
+        # a fork, so each child starts its own flusher on its first line. A fork while the master's
+        # flusher was inside sys.stderr.flush() would hand the child stderr's buffer lock held for
+        # ever (its first log line then hangs the worker at boot): the fork waits for the flush.
+        os.register_at_fork(before=lambda: self._flushing.acquire(),
+                            after_in_parent=lambda: self._flushing.release(),
+                            after_in_child=self._forget_flusher)
 
     def info(self, message: str) -> None:
         """Buffers one line."""
@@ -69,15 +74,15 @@ class LineLogger:
     def _forget_flusher(self) -> None:
         self._flusher = None
         self._pending = threading.Event()
+        self._flushing = threading.Lock()
 
     def _start_flusher(self) -> None:
         self._flusher = threading.Thread(target=self._flush_forever, name="sa-log-flush", daemon=True)
         self._flusher.start()
 
-    @staticmethod
-    def _flush() -> None:
+    def _flush(self) -> None:
         # NOTE: stderr closed or gone (a reader hung up); logging must never kill the process.
-        with contextlib.suppress(OSError, ValueError):
+        with self._flushing, contextlib.suppress(OSError, ValueError):
             sys.stderr.flush()
 
     def _flush_forever(self) -> None:
