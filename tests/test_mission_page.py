@@ -390,7 +390,8 @@ def test_the_page_falls_back_to_polling_when_the_web_stops_and_converges_when_it
         viewer = Viewer(mission_pool, base)
         viewer.sign_in(page)
         until(page, lambda d: connection(d) == "live")
-        text = f"while you were away {uuid.uuid4().hex[:6]} [fake:latency=1]"
+        # NOTE: 4 s, so the page sees it running and the web is down well before it ends.
+        text = f"while you were away {uuid.uuid4().hex[:6]} [fake:latency=4]"
         compose(page, text)
         drop_in(page, text, "running")
     # NOTE: the web is down: the stream fails, the page polls (and says it cannot reach the
