@@ -1,17 +1,20 @@
 """Every statement on the hot path keeps a plan whose cost does not grow with the backlog or history.
 
-One table (HOT_PATH) lists the statements a worker, the maintenance leader and a /metrics scrape
-run over and over; a new one slots in as one more row. Each is EXPLAINed, as a plan for its
-values and as the generic plan a long-lived session caches, twice over the same table of
-100,000 queued jobs behind a finished history: first with the statistics taken when the queue
-was still empty (autoanalyze lags a growing backlog: the case that made the claim read and sort
-every queued row), then after ANALYZE. No plan may read sa_job sequentially, through a bitmap,
-or sort rows read from it, and sa_entity (the prompts, as large as the history) is only ever
-probed by its primary key.
+One table (HOT_PATH) lists the statements a submit, a worker, the maintenance leader and a
+/metrics scrape run over and over; a new one slots in as one more row, and the statements of the
+trigger every finished job fires are read from the database. Each is EXPLAINed, as a plan for
+its values and as the generic plan a long-lived session caches, in the service's own sessions:
+on a young deployment (a few jobs, analyzed), then over 100,000 queued jobs behind a finished
+history, first with the statistics taken when the queue was still empty (autoanalyze lags a
+growing backlog: the case that made the claim read and sort every queued row), then after
+ANALYZE. Every read of sa_job must probe what the statement names or walk an index under a LIMIT
+(see _violations), and sa_entity (the prompts, as large as the history) is only ever probed by
+its primary key.
 """
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +25,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import maintenance as maintenance_q
 from jobqueue.core.queries import metrics as metrics_q
@@ -40,14 +44,17 @@ class HotStatement:
     """A statement run on the hot path, with the values it is EXPLAINed with.
 
     `prelude` runs first in the same transaction, as the code runs it (the claim's plan settings).
-    `sorts_backlog` is True for the one statement that must rank every claimable row.
+    `reads_backlog` is True for the statements that must read every queued or running row: the
+    capped claim ranks them all, the scrape counts them. `prepared` False for a statement the
+    code runs unprepared, planned for each execution: only that plan is checked.
     """
 
     name: str
     statement: str
     params: dict[str, Any] | tuple[Any, ...]
     prelude: str | None = None
-    sorts_backlog: bool = False
+    reads_backlog: bool = False
+    prepared: bool = True
 
 
 _IDS = [uuid.uuid4() for _ in range(3)]
@@ -59,27 +66,44 @@ _FINALIZE = {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3,
              "content": ["a", None, None], "error_kind": [None, "provider_5xx", "provider_4xx"],
              "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None],
              "spend_attempt": [True, True, True]}
+_ENQUEUE = {"parent_id": None, "org_id": 1, "user_id": 1, "text": "t", "priority": 50,
+            "max_attempts": 3, "options": "{}", "max_queued": 0, "idempotency_key": "k",
+            "request_hash": "h", "key_ttl": 86400, "run_at": None, "delay_seconds": None,
+            "after": None, "waiting_until": datetime(9999, 12, 31, tzinfo=UTC),
+            "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4()}
 _CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4,
           "aging": 300.0}
 
 HOT_PATH = [
+    HotStatement("enqueue", entity_q.PROMPT_INSERT_WITH_JOB, _ENQUEUE),
+    HotStatement("enqueue_after_capped", entity_q.PROMPT_INSERT_WITH_JOB,
+                 {**_ENQUEUE, "after": _IDS[0], "parent_id": _IDS[1], "max_queued": 1000},
+                 job_q.JOB_PLAN_SETTINGS),
     HotStatement("claim", job_q.JOB_CLAIM_MANY, _CLAIM, job_q.JOB_PLAN_SETTINGS),
     # NOTE: the per-org rank needs every claimable row (see its comment), so it may sort them,
     # but it still reads them through the claim index, never the table.
     HotStatement("claim_org_capped", job_q.JOB_CLAIM_MANY_ORG_CAPPED, _CLAIM,
-                 job_q.JOB_PLAN_SETTINGS, sorts_backlog=True),
-    HotStatement("finalize_mixed", job_q.JOB_SET_STATE_IF_RUNNING_MANY, _FINALIZE),
+                 job_q.JOB_PLAN_SETTINGS, reads_backlog=True),
+    HotStatement("finalize_mixed", job_q.JOB_SET_STATE_IF_RUNNING_MANY, _FINALIZE, prepared=False),
+    HotStatement("reject", job_q.JOB_REJECT_MANY_IF_CLAIMED,
+                 {"job_ids": _IDS, "attempts": [1] * 3, "error_kinds": ["invalid_options"] * 3,
+                  "error_messages": ["m"] * 3, "claim": "w1"}, prepared=False),
     HotStatement("heartbeat", job_q.JOB_HEARTBEAT_MANY_IF_CLAIMED, {"job_ids": _IDS, "claim": "w1"}),
-    HotStatement("release", job_q.JOB_RELEASE_MANY_IF_CLAIMED, {"claim": "w1"}),
+    # NOTE: the shutdown release and the maintenance leader's reclaim read every running job
+    # (at most the workers' slots), once per shutdown or per maintenance round.
+    HotStatement("release", job_q.JOB_RELEASE_MANY_IF_CLAIMED, {"claim": "w1"},
+                 reads_backlog=True),
     HotStatement("reclaim_read", maintenance_q.JOB_LIST_RECLAIMABLE_PAGE,
                  {"now": None, "stale_after": 300.0, "stuck_after": 900.0,
-                  "after_heartbeat": None, "after_id": None, "limit": 500}),
+                  "after_heartbeat": None, "after_id": None, "limit": 500},
+                 reads_backlog=True),
     HotStatement("reclaim_write", maintenance_q.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE,
                  {"job_ids": _IDS, "claims": ["w1"] * 3, "attempts": [1] * 3,
                   "to_states": ["queued", "failed", "queued"], "error_kinds": ["stuck"] * 3,
                   "error_messages": ["m"] * 3, "as_of": datetime.now(UTC),
-                  "stale_after": 300.0, "stuck_after": 900.0}),
-    HotStatement("metrics_queue_depth", metrics_q.JOB_QUEUE_DEPTH, {}, job_q.JOB_PLAN_SETTINGS),
+                  "stale_after": 300.0, "stuck_after": 900.0}, prepared=False),
+    HotStatement("metrics_queue_depth", metrics_q.JOB_QUEUE_DEPTH, {}, job_q.JOB_PLAN_SETTINGS,
+                 reads_backlog=True),
     # NOTE: a streamed attempt's write, once per SA_STREAM_INTERVAL per job, and the route gate's
     # reads and writes (jobqueue/runtime/gate.py, jobqueue/runtime/streaming.py).
     HotStatement("partial_append", partial_q.JOB_PARTIAL_APPEND_IF_CLAIMED,
@@ -93,60 +117,72 @@ HOT_PATH = [
 ]
 
 
-def _reads_sa_job(node: dict[str, Any]) -> bool:
-    """True when `node` or its input (InitPlans and SubPlans aside) scans sa_job."""
-    if node.get("Relation Name") == "sa_job" and node["Node Type"] != "ModifyTable":
-        return True
-    return any(_reads_sa_job(child) for child in node.get("Plans", [])
-               if child.get("Parent Relationship") not in ("InitPlan", "SubPlan"))
+# NOTE: the indexes a statement may probe without a LIMIT: by the ids it names (primary key),
+# by a predecessor (after_job_id), or by one worker's claim (its running jobs, at most its slots).
+_PROBE_INDEXES = frozenset({"sa_job_pkey", "sa_job_after_idx", "sa_job_worker_claim_idx"})
+# NOTE: these read every input row before giving one out, so a LIMIT above them bounds nothing.
+_BLOCKING = frozenset({"Sort", "Incremental Sort", "Hash", "Aggregate", "Materialize", "SetOp"})
 
 
-# NOTE: a bitmap over these reads no more than the rows the statement names (ids, by the primary
-# key) or the running jobs (partial indexes WHERE state = 'running', 0001_core_schema.sql: at
-# most the workers' total concurrency), never the queue or the history.
-_BOUNDED_INDEXES = frozenset({"sa_job_pkey", "sa_job_worker_claim_idx", "sa_job_heartbeat_idx"})
-
-
-def _probes_ids(bitmap_heap_scan: dict[str, Any]) -> bool:
-    """True when a bitmap scan only reads the rows the statement names or the running jobs."""
+def _bitmap_leaves(bitmap_heap_scan: dict[str, Any]) -> list[dict[str, Any]]:
     leaves = []
     stack = list(bitmap_heap_scan.get("Plans", []))
     while stack:
         node = stack.pop()
         if node["Node Type"] == "Bitmap Index Scan":
-            leaves.append(node.get("Index Name"))
+            leaves.append(node)
         stack += node.get("Plans", [])
-    return bool(leaves) and all(name in _BOUNDED_INDEXES for name in leaves)
+    return leaves
 
 
-def _bounded(node: dict[str, Any]) -> bool:
-    """True when every read of sa_job under `node` goes through a _BOUNDED_INDEXES index, or
-    stops at a LIMIT (the fair claim's per-org heads; a sort under the LIMIT is checked itself)."""
-    if node["Node Type"] == "Limit":
-        return True
-    if node.get("Relation Name") == "sa_job" and node["Node Type"] != "ModifyTable":
-        kind = node["Node Type"]
-        if kind == "Bitmap Heap Scan":
-            return _probes_ids(node)
-        return kind in ("Index Scan", "Index Only Scan") and node.get("Index Name") in _BOUNDED_INDEXES
-    return all(_bounded(child) for child in node.get("Plans", []))
+def _probe(node: dict[str, Any]) -> bool:
+    """True when an index read of sa_job looks up what the statement names: a condition on
+    one of _PROBE_INDEXES."""
+    return node.get("Index Name") in _PROBE_INDEXES and "Index Cond" in node
 
 
-def _violations(node: dict[str, Any], hot: HotStatement) -> list[str]:
-    """Every node of the plan that reads sa_job in full or sorts what it read from it."""
+def _scan_violation(node: dict[str, Any], limited: bool, hot: HotStatement) -> str | None:
+    """Why this read of sa_job may cost the backlog or the history, or None when it cannot."""
+    kind = node["Node Type"]
+    if kind == "Seq Scan":
+        return "Seq Scan on sa_job"
+    if kind == "Bitmap Heap Scan":
+        leaves = _bitmap_leaves(node)
+        if leaves and all(_probe(leaf) for leaf in leaves):
+            return None
+        return "Bitmap Heap Scan on sa_job over " + ", ".join(
+            str(leaf.get("Index Name")) for leaf in leaves)
+    if kind in ("Index Scan", "Index Only Scan"):
+        if limited or _probe(node) or hot.reads_backlog:
+            return None
+        return f"{kind} on sa_job over {node.get('Index Name')} with no probe and no LIMIT"
+    return None
+
+
+def _violations(node: dict[str, Any], hot: HotStatement, limited: bool = False) -> list[str]:
+    """Every node of the plan that may read sa_job in full, or sa_entity other than by id.
+
+    A read of sa_job must probe what the statement names (_PROBE_INDEXES, with a condition) or
+    walk an index under a LIMIT that stops it (the claim's heads, a keyset page); a statement
+    that `reads_backlog` may walk a partial index whole, never the table.
+    """
     found = []
     kind = node["Node Type"]
-    if node.get("Relation Name") == "sa_job" and (
-            kind == "Seq Scan" or (kind == "Bitmap Heap Scan" and not _probes_ids(node))):
-        found.append(f"{kind} on sa_job")
+    if node.get("Relation Name") == "sa_job" and kind != "ModifyTable":
+        problem = _scan_violation(node, limited, hot)
+        if problem is not None:
+            found.append(problem)
     if node.get("Relation Name") == "sa_entity" and kind != "ModifyTable" and (
             kind != "Index Scan" or node.get("Index Name") != "sa_entity_pkey"):
         found.append(f"{kind} {node.get('Index Name') or ''} on sa_entity".replace("  ", " "))
-    # NOTE: sorting the running jobs (reclaim's keyset order) costs the workers' slots, not the queue.
-    if kind == "Sort" and not hot.sorts_backlog and _reads_sa_job(node) and not _bounded(node):
-        found.append(f"Sort ({', '.join(node.get('Sort Key', []))}) of rows read from sa_job")
+    if kind == "Limit":
+        limited = True
+    elif kind in _BLOCKING:
+        limited = False
     for child in node.get("Plans", []):
-        found += _violations(child, hot)
+        # NOTE: an InitPlan or SubPlan is a plan of its own: a LIMIT above does not stop it.
+        own = child.get("Parent Relationship") in ("InitPlan", "SubPlan")
+        found += _violations(child, hot, limited and not own)
     return found
 
 
@@ -185,10 +221,28 @@ def backlog(pool: ConnectionPool[DictConnection]) -> Iterator[DictConnection]:
         yield conn
 
 
+def _trigger_statements(conn: DictConnection) -> list[HotStatement]:
+    """The statements trigger sa_job_settle_dependents (0015) runs for every job that ends,
+    read from the database's own copy of the function, NEW's fields as parameters."""
+    row = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'sa_job_settle_dependents'"
+                       ).fetchone()
+    assert row is not None
+    found = re.findall(r"SELECT 1 FROM sa_job WHERE [^)]*|UPDATE .*?;", row["prosrc"], re.S)
+    assert len(found) == 4, found
+    params = {"id": uuid.uuid4(), "response_id": uuid.uuid4()}
+    # NOTE: the message's format() plays no part in the plan, and its %s would read as
+    # placeholders.
+    return [HotStatement(f"settle_dependents_{n}",
+                         re.sub(r"format\(.*?NEW\.state\)", "'ended'", text.rstrip(";"), flags=re.S)
+                         .replace("NEW.id", "%(id)s").replace("NEW.response_id", "%(response_id)s"),
+                         params)
+            for n, text in enumerate(found)]
+
+
 def _check_all(conn: DictConnection) -> list[str]:
     problems = []
-    for hot in HOT_PATH:
-        for generic in (False, True):
+    for hot in HOT_PATH + _trigger_statements(conn):
+        for generic in (False, True)[:1 + hot.prepared]:
             # NOTE: rolled back to the savepoint, so neither the prelude's SET LOCAL nor the
             # plan cache mode outlives the statement it is for.
             with conn.transaction(force_rollback=True):
@@ -215,9 +269,36 @@ def test_hot_path_plans_hold_with_statistics_from_an_empty_queue_and_after_analy
     assert analyzed == [], "after ANALYZE:\n" + "\n".join(analyzed)
 
 
-def test_without_its_plan_settings_the_claim_would_sort_the_backlog(backlog: DictConnection) -> None:
+def test_without_its_plan_settings_the_claim_would_read_the_backlog(backlog: DictConnection) -> None:
     # The check above can fail: the same claim, planned without JOB_PLAN_SETTINGS on these
-    # statistics, reads every queued row and sorts them.
+    # statistics, walks every queued row instead of stopping after the batch.
     bare = HotStatement("claim", job_q.JOB_CLAIM_MANY, _CLAIM)
-    assert any("Sort" in v for v in _violations(plan_tree(backlog, bare.statement, bare.params),
-                                                bare))
+    assert _violations(plan_tree(backlog, bare.statement, bare.params), bare)
+
+
+@pytest.fixture
+def young(pool: ConnectionPool[DictConnection]) -> Iterator[DictConnection]:
+    """A deployment's first minutes: a few jobs in tables never analyzed. In a transaction
+    rolled back after."""
+    with pool.connection() as conn, conn.transaction(force_rollback=True):
+        conn.execute("TRUNCATE sa_entity, sa_job CASCADE")
+        conn.execute("ALTER TABLE sa_job DISABLE TRIGGER USER")
+        conn.execute(_PROMPTS, (20,))
+        conn.execute(_JOBS, {"state": "running"})
+        conn.execute(_PROMPTS, (20,))
+        conn.execute(_JOBS, {"state": "queued"})
+        yield conn
+
+
+def test_hot_path_plans_hold_on_a_young_deployment(young: DictConnection) -> None:
+    # The plans a session caches in its first minutes are the ones it keeps while the tables grow
+    # (until they are next analyzed): with the service's session settings (jobqueue/core/db.py)
+    # they already probe by index, before the first ANALYZE and after it.
+    assert young.execute("SHOW enable_seqscan").fetchone() == {"enable_seqscan": "off"}
+    unanalyzed = _check_all(young)
+    young.execute("ANALYZE sa_job")
+    young.execute("ANALYZE sa_entity")
+    analyzed = _check_all(young)
+
+    assert unanalyzed == [], "never analyzed:\n" + "\n".join(unanalyzed)
+    assert analyzed == [], "after ANALYZE:\n" + "\n".join(analyzed)

@@ -12,7 +12,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-__all__ = ["DictConnection", "borrow", "open_pool"]
+__all__ = ["SESSION_SETTINGS", "DictConnection", "borrow", "open_pool"]
 
 DictConnection = Connection[DictRow]
 
@@ -20,6 +20,16 @@ log = structlog.get_logger(__name__)
 
 _PREPARE_AFTER = 5
 """psycopg's own default: executions of one statement on a connection before it is prepared."""
+
+# PERF: every statement the service runs is written to be served by an index (tests/test_plans.py
+# checks the hot path). A plan made while a table was young, a fresh deployment's first rows,
+# reads it sequentially, and a session keeps that plan, for its prepared statements and for its
+# triggers' statements alike, until the table is next analyzed: under steady arrivals every
+# finalize batch and every finished job's trigger then read the whole of sa_job, and the worker
+# fell behind for good (bench/sustained.py). The service's sessions price sequential scans out,
+# so a young table is read through the index a grown one needs; a statement with no index to
+# use still runs. SET for the session (set_config(..., false)).
+SESSION_SETTINGS = "SELECT set_config('enable_seqscan', 'off', false)"
 
 
 def open_pool(
@@ -78,9 +88,16 @@ def open_pool(
             pool.check()
             raise
 
+    def configure(conn: DictConnection) -> None:
+        conn.execute(SESSION_SETTINGS)
+
     pool: ConnectionPool[DictConnection] = ConnectionPool(
         conninfo,
         name=name,
+        # NOTE: not behind a transaction-mode pooler, where a session setting would stay on
+        # whichever server session ran it; there nothing is prepared either, so every statement
+        # is planned for the size its tables have at that moment.
+        configure=configure if prepare else None,
         min_size=min_size,
         max_size=max_size,
         # PERF: preparing saves the server's parse and plan: about 0.3 ms of a 1.7 ms POST

@@ -173,11 +173,12 @@ def _reject_undecodable(
     if not errors:
         return rows
     bad = [r for r in rows if r["id"] in errors]
+    # NOTE: planned for each batch, as finalize.py's statement is (see there).
     failed = {out["id"] for out in conn.execute(q.JOB_REJECT_MANY_IF_CLAIMED, {
         "job_ids": [r["id"] for r in bad], "attempts": [r["attempt"] for r in bad],
         "error_kinds": [ErrorKind.INVALID_OPTIONS.value] * len(bad),
         "error_messages": [errors[r["id"]] for r in bad], "claim": worker_claim,
-    }).fetchall()}
+    }, prepare=False).fetchall()}
     for r in bad:
         if r["id"] in failed:
             transitions.record("job.options_invalid", JobState.RUNNING, JobState.FAILED,

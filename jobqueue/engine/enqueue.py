@@ -20,6 +20,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.core.queries import entity as q
 from jobqueue.core.queries import idempotency as idempotency_q
+from jobqueue.core.queries import job as job_q
 from jobqueue.core.settings import KEY_TTL_SECONDS
 from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
@@ -276,12 +277,14 @@ def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int,
     """Runs an enqueue statement; under the org's enqueue lock when a cap is set."""
     if max_queued > 0:
         # NOTE: the lock makes the cap exact: see ORG_ENQUEUE_LOCK.
-        # PERF: BEGIN, lock, insert, COMMIT: three round trips more than the lone statement
-        # (about 0.3 ms on a local socket); SA_ORG_MAX_QUEUED=0 goes back to one. Pipelining them
+        # PERF: BEGIN, lock, plan settings, insert, COMMIT: four round trips more than the lone statement
+        # (about 0.4 ms on a local socket); SA_ORG_MAX_QUEUED=0 goes back to one. Pipelining them
         # measured slower locally. The lock is held for one insert, so a burst from one org
         # drains at thousands of submits per second, and other orgs never wait on it.
         with conn.transaction():
             conn.execute(idempotency_q.ORG_ENQUEUE_LOCK, {"org_id": params["org_id"]})
+            # NOTE: so the cap's count walks sa_job_org_queued_idx, never the table.
+            conn.execute(job_q.JOB_PLAN_SETTINGS)
             row = conn.execute(statement, params).fetchone()
     else:
         row = conn.execute(statement, params).fetchone()

@@ -133,6 +133,7 @@ class Reclaimer:
         if not decided:
             return ReclaimCounts()
         batch = list(decided.values())
+        # NOTE: planned for each page, as engine/finalize.py's batch is (see there).
         written = conn.execute(q.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE, {
             "job_ids": list(decided),
             "claims": [r["worker_claim"] for r, _ in batch],
@@ -143,7 +144,7 @@ class Reclaimer:
             "as_of": rows[0]["as_of"],
             "stale_after": self.config.stale_after,
             "stuck_after": self.config.stuck_after,
-        }).fetchall()
+        }, prepare=False).fetchall()
         if written:
             wakeup.notify_with(conn, queued=any(out["state"] == "queued" for out in written))
         for out in written:

@@ -28,7 +28,7 @@ import psycopg
 import structlog
 from psycopg.rows import dict_row
 
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import SESSION_SETTINGS, DictConnection
 from jobqueue.core.queries import maintenance as q
 from jobqueue.core.settings import Settings
 from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
@@ -266,6 +266,7 @@ class MaintenanceLeader:
                     "idle": str(cfg.keepalive_idle), "interval": str(cfg.keepalive_interval),
                     "count": str(cfg.keepalive_count), "user_timeout_ms": str(dead_after * 1000),
                 }).fetchone()
+                conn.execute(SESSION_SETTINGS)
             except BaseException:
                 conn.close()
                 raise

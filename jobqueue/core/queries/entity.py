@@ -25,15 +25,18 @@ __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB", "PROMPT_INSERT_WITH_JOB_MANY"
 #   the predecessor's thread (the response is its parent).
 # The answer is always one row: the gate's verdicts and the job's columns (NULL when nothing was
 # written), so the caller tells "unknown parent", "queue full" and "key taken" apart.
+# PERF: the org checks on rows found by id take the guard form queries/job.py explains: with
+# `org_id = ...` the planner may walk every row of the org (an index led by org_id) to find one
+# id, as it did for the parent on a table never analyzed.
 PROMPT_INSERT_WITH_JOB = """
 WITH pred AS (
     (SELECT j.id, j.state, j.response_id
        FROM sa_job j
-      WHERE j.id = %(after)s AND j.org_id = %(org_id)s)
+      WHERE j.id = %(after)s AND j.org_id IS NOT DISTINCT FROM %(org_id)s)
     UNION ALL
     (SELECT j.id, j.state, j.response_id
        FROM sa_job j
-      WHERE j.prompt_id = %(after)s AND j.org_id = %(org_id)s
+      WHERE j.prompt_id = %(after)s AND j.org_id IS NOT DISTINCT FROM %(org_id)s
       ORDER BY j.created_at DESC
       LIMIT 1)
     LIMIT 1
@@ -42,7 +45,7 @@ WITH pred AS (
       FROM sa_entity e
      WHERE e.id = coalesce(%(parent_id)s::uuid,
                            (SELECT response_id FROM pred WHERE state = 'succeeded'))
-       AND e.org_id = %(org_id)s
+       AND e.org_id IS NOT DISTINCT FROM %(org_id)s
 ), gate AS (
     SELECT %(org_id)s::bigint AS org_id, %(user_id)s::bigint AS user_id,
            (%(parent_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM parent)) AS parent_ok,
@@ -118,7 +121,7 @@ WITH item AS (
     SELECT e.id, e.correlation_id
       FROM (SELECT DISTINCT parent_id FROM item WHERE parent_id IS NOT NULL) AS named
       JOIN sa_entity e ON e.id = named.parent_id
-     WHERE e.org_id = %(org_id)s
+     WHERE e.org_id IS NOT DISTINCT FROM %(org_id)s
 ), gate AS (
     SELECT %(org_id)s::bigint AS org_id, %(user_id)s::bigint AS user_id,
            (SELECT array_agg(item.n - 1 ORDER BY item.n)

@@ -18,6 +18,16 @@ __all__ = [
     "JOB_SET_STATE_IF_RUNNING_MANY",
 ]
 
+# PERF: a statement that finds its jobs by id writes its guard on the state as
+# `state IS NOT DISTINCT FROM '...'` (the same test: state is never NULL). With `state = '...'`
+# the planner may serve the statement from a partial index WHERE state = '...' (the queue, or
+# every running job) walked whole: statistics taken while few jobs were queued or running price
+# that walk below the probes by id, and dead entries make it longer than the rows it returns
+# (a finalize batch read 16,663 entries of sa_job_heartbeat_idx under steady arrivals). The
+# guard in this form cannot be proved from an index predicate, so sa_job_pkey is the only path.
+# tests/test_plans.py checks every such statement (the guard form is used in
+# queries/maintenance.py and queries/partial.py too).
+
 JOB_COLUMNS = """
 id, prompt_id, state, priority, attempt, max_attempts, execution_options, worker_claim,
 claimed_at, started_at, running_heartbeat_at, finished_at, response_id, error_kind,
@@ -139,7 +149,7 @@ WITH RECURSIVE orgs AS (
      WHERE j.id = ANY (ARRAY(SELECT heads.id FROM heads
                               ORDER BY heads.rank, heads.turn, heads.scheduled_for
                               LIMIT %(limit)s))
-       AND j.state = 'queued'
+       AND j.state IS NOT DISTINCT FROM 'queued'
        FOR UPDATE SKIP LOCKED
 )
 """
@@ -233,7 +243,7 @@ WITH done AS (
            error_message = done.error_message
       FROM done
      WHERE j.id = done.job_id
-       AND j.state = 'running'
+       AND j.state IS NOT DISTINCT FROM 'running'
        AND j.worker_claim = done.claim
        AND j.attempt = done.attempt
     RETURNING j.id, done.attempt, done.to_state, j.prompt_id, j.org_id, j.created_by
@@ -268,8 +278,9 @@ WITH done AS (
     DELETE FROM sa_job_partial p USING job WHERE p.job_id = job.id
 )
 SELECT id, attempt, to_state,
-       (SELECT count(*) FROM sa_job d WHERE d.after_job_id = job.id AND d.state = 'queued'
-           AND d.scheduled_for = '9999-12-31 00:00:00+00') AS dependents
+       (SELECT count(*) FILTER (WHERE d.state = 'queued'
+                                  AND d.scheduled_for = '9999-12-31 00:00:00+00')
+          FROM sa_job d WHERE d.after_job_id = job.id) AS dependents
   FROM job
 """
 
@@ -282,7 +293,7 @@ UPDATE sa_job j
   FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(error_kinds)s::text[],
               %(error_messages)s::text[]) AS d(job_id, attempt, error_kind, error_message)
  WHERE j.id = d.job_id
-   AND j.state = 'running'
+   AND j.state IS NOT DISTINCT FROM 'running'
    AND j.worker_claim = %(claim)s
    AND j.attempt = d.attempt
 RETURNING j.id
@@ -294,7 +305,8 @@ RETURNING j.id
 JOB_HEARTBEAT_MANY_IF_CLAIMED = """
 UPDATE sa_job
    SET running_heartbeat_at = now()
- WHERE id = ANY(%(job_ids)s) AND state = 'running' AND worker_claim = %(claim)s
+ WHERE id = ANY(%(job_ids)s) AND state IS NOT DISTINCT FROM 'running'
+   AND worker_claim = %(claim)s
 RETURNING id, attempt
 """
 

@@ -57,12 +57,12 @@ SELECT id, worker_claim, attempt, max_attempts, started_at,
  LIMIT %(limit)s
 """
 
-# served by sa_job_pkey (id), or by sa_job_worker_claim_idx (worker_claim) WHERE state =
-# 'running' (0001_core_schema.sql) when few jobs run. Applies one page of decide_reclaim's
-# decisions, mixed requeues and failures, in one statement. Each job is guarded on its own:
-# still running under the same worker_claim and attempt, and still stale or stuck at `as_of`
-# (the instant the decision was made against), so a heartbeat or a finalize that landed after
-# the read wins. The stamps written are the real now(), so a requeued job is claimable at once.
+# served by sa_job_pkey (id) alone: the state guard takes the form queries/job.py explains.
+# Applies one page of decide_reclaim's decisions, mixed requeues and failures, in one statement.
+# Each job is guarded on its own: still running under the same worker_claim and attempt, and still
+# stale or stuck at `as_of` (the instant the decision was made against), so a heartbeat or a
+# finalize that landed after the read wins. The stamps written are the real now(), so a requeued
+# job is claimable at once.
 JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE = """
 UPDATE sa_job j
    SET state = d.to_state,
@@ -78,7 +78,7 @@ UPDATE sa_job j
               %(to_states)s::text[], %(error_kinds)s::text[], %(error_messages)s::text[])
        AS d(job_id, claim, attempt, to_state, error_kind, error_message)
  WHERE j.id = d.job_id
-   AND j.state = 'running'
+   AND j.state IS NOT DISTINCT FROM 'running'
    AND j.worker_claim = d.claim
    AND j.attempt = d.attempt
    AND (j.running_heartbeat_at < %(as_of)s::timestamptz - make_interval(secs => %(stale_after)s)
