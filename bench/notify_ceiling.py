@@ -36,10 +36,10 @@ from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.wakeup import WakeupSender
 from jobqueue.engine.enqueue import WAITING_UNTIL
-from jobqueue.operator.migrate import MIGRATIONS_DIR
+from jobqueue.operator.migrate import MIGRATIONS
 
-TRIGGER_0005 = (MIGRATIONS_DIR / "0005_notify_channels.sql").read_text()
-TRIGGER_0006 = (MIGRATIONS_DIR / "0006_notify_out_of_band.sql").read_text()
+TRIGGER_0005 = (MIGRATIONS / "0005_notify_channels.sql").read_text()
+TRIGGER_0006 = (MIGRATIONS / "0006_notify_out_of_band.sql").read_text()
 SETUP_JOBS = """
 WITH prompt AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)

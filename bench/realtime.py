@@ -238,8 +238,9 @@ def main() -> None:
         provider_url = f"http://127.0.0.1:{args.provider_port}"
         provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(args.provider_port)], {})
         # NOTE: every stream uses one token, and a round's closed streams are noticed only at
-        # their next keepalive: the fan-out is measured here, not the stream caps.
-        streams = str(sum(args.clients))
+        # their next keepalive (so the caps allow every round's streams at once, and the stream
+        # part (a) listens on): the fan-out is measured here, not the stream caps.
+        streams = str(2 * sum(args.clients) + 10)
         env = {"DATABASE_URL": url, "WEB_CONCURRENCY": "1", "SA_PROVIDER_URL": provider_url,
                "SA_SSE_MAX_STREAMS_PER_TOKEN": streams, "SA_SSE_MAX_STREAMS": streams}
         worker = spawn([str(VENV_BIN / "sa-core"), "run-worker"], env)
