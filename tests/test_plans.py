@@ -254,16 +254,21 @@ def _check_all(conn: DictConnection) -> list[str]:
     return problems
 
 
+def _check_then_analyze(conn: DictConnection) -> tuple[list[str], list[str]]:
+    """`_check_all` on the statistics as they are, then again after ANALYZE."""
+    before = _check_all(conn)
+    conn.execute("ANALYZE sa_job")
+    conn.execute("ANALYZE sa_entity")
+    return before, _check_all(conn)
+
+
 def test_hot_path_plans_hold_with_statistics_from_an_empty_queue_and_after_analyze(
     backlog: DictConnection,
 ) -> None:
     queued = backlog.execute("SELECT count(*) AS n FROM sa_job WHERE state = 'queued'").fetchone()
     assert queued == {"n": BACKLOG}
 
-    stale = _check_all(backlog)
-    backlog.execute("ANALYZE sa_job")
-    backlog.execute("ANALYZE sa_entity")
-    analyzed = _check_all(backlog)
+    stale, analyzed = _check_then_analyze(backlog)
 
     assert stale == [], "statistics from an empty queue:\n" + "\n".join(stale)
     assert analyzed == [], "after ANALYZE:\n" + "\n".join(analyzed)
@@ -295,10 +300,7 @@ def test_hot_path_plans_hold_on_a_young_deployment(young: DictConnection) -> Non
     # (until they are next analyzed): with the service's session settings (jobqueue/core/db.py)
     # they already probe by index, before the first ANALYZE and after it.
     assert young.execute("SHOW enable_seqscan").fetchone() == {"enable_seqscan": "off"}
-    unanalyzed = _check_all(young)
-    young.execute("ANALYZE sa_job")
-    young.execute("ANALYZE sa_entity")
-    analyzed = _check_all(young)
+    unanalyzed, analyzed = _check_then_analyze(young)
 
     assert unanalyzed == [], "never analyzed:\n" + "\n".join(unanalyzed)
     assert analyzed == [], "after ANALYZE:\n" + "\n".join(analyzed)
