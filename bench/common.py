@@ -25,6 +25,7 @@ __all__ = [
     "percentile",
     "scratch_database",
     "spawn",
+    "start_slow_provider",
     "wait_http",
     "web_server",
 ]
@@ -42,6 +43,18 @@ def spawn(args: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     """Starts a child in the repo with output discarded."""
     return subprocess.Popen(list(args), cwd=REPO, env={**os.environ, **env},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def start_slow_provider(latency: float) -> tuple[subprocess.Popen[str], str]:
+    """Starts bench/slow_provider.py; returns it and its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.slow_provider", "--latency", str(latency)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise SystemExit(f"the slow provider did not start: {line!r}")
+    return proc, f"http://127.0.0.1:{line.split()[-1]}/v1"
 
 
 def wait_http(url: str, timeout: float = 30.0) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 
 import structlog
 
-from bench.common import REPO, format_table
+from bench.common import format_table, start_slow_provider
 from bench.peers import Contender, contenders, machine_header, prepare, run_once
 from jobqueue.devtools.embedded_db import admin_conninfo
 
@@ -38,18 +38,6 @@ CONTENDERS = ("sa-core", "sa-core-threads", "pgqueuer", "oban")
 # NOTE: the worker as it ran before gevent (an OS thread per slot), for the model comparison.
 THREADS = Contender("sa-core-threads", None, "bench.peer_runners.sa_core", migrated=True,
                     extra=("--variant", "threads"))
-
-
-def start_provider(latency: float) -> tuple[subprocess.Popen[str], str]:
-    """Starts bench/slow_provider.py; returns it and its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.slow_provider", "--latency", str(latency)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise SystemExit(f"the slow provider did not start: {line!r}")
-    return proc, f"http://127.0.0.1:{line.split()[-1]}/v1"
 
 
 def run(rows: list[Contender], counts: list[int], url: str, args: argparse.Namespace) -> list[list[str]]:
@@ -103,7 +91,7 @@ def main() -> None:
     rows = [known[name.strip()] for name in args.only.split(",") if name.strip()]
     prepare(rows, args.reinstall)
     counts = [int(n) for n in args.inflight.split(",")]
-    provider, url = start_provider(args.latency)
+    provider, url = start_slow_provider(args.latency)
     try:
         header = machine_header(admin_conninfo("SA_BENCH_DATABASE_URL"))
         header += [f"{c.name}: " + ", ".join(f"{k} {v}" for k, v in c.versions.items())

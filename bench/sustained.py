@@ -2,14 +2,16 @@
 
 Usage: .venv/bin/python -m bench.sustained [--rate 500] [--seconds 300] [--report-every 10]
        .venv/bin/python -m bench.sustained --rates 300,500,700,900 [--seconds 60]
+       .venv/bin/python -m bench.sustained --rate 300 --latency 1 --concurrency 1024
 
-Real processes, as the Procfile runs them: gunicorn -c python:service.gunicorn_conf (gevent, 2 processes),
-one `sa-core run-worker` at its default concurrency, and `sa-core fake-provider` answering at
-once, on a scratch database. The load comes from one child process (this module with
-`--generate`) that reuses bench/enqueue_rates.py's one-thread selector driver with prepared
-request bytes, so the producer costs a few tens of microseconds per request and leaves the two
-cores to the server. It is open loop: request i is due at t0 + i/rate, latency runs from that
-due time (a request waiting for a free connection is charged for the wait).
+Real processes, as the Procfile runs them: gunicorn -c python:service.gunicorn_conf (gevent, 2
+processes), one `sa-core run-worker` at its default concurrency (or `--concurrency`), and `sa-core
+fake-provider` answering at once (or, with `--latency`, bench/slow_provider.py answering every
+call after that many seconds, as an LLM does), on a scratch database. The load comes from one
+child process (this module with `--generate`) that reuses bench/enqueue_rates.py's one-thread
+selector driver with prepared request bytes, so the producer costs a few tens of microseconds per
+request and leaves the two cores to the server. It is open loop: request i is due at t0 + i/rate,
+latency runs from that due time (a request waiting for a free connection is charged for the wait).
 
 Every `--report-every` seconds one line: offered/s, accepted/s (202), completed/s (the worker's
 own sa_job_transitions_total running -> succeeded, from its SA_METRICS_PORT), the backlog
@@ -45,6 +47,7 @@ from bench.common import (
     percentile,
     scratch_database,
     spawn,
+    start_slow_provider,
     wait_http,
     web_server,
 )
@@ -225,6 +228,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8771)
     parser.add_argument("--provider-port", type=int, default=8772)
     parser.add_argument("--metrics-port", type=int, default=8773)
+    parser.add_argument("--latency", type=float, default=0.0,
+                        help="seconds the provider takes per call (0: the fake provider, at once)")
+    parser.add_argument("--concurrency", type=int, help="the worker's (default: its own default)")
     # generator child only
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--base", help=argparse.SUPPRESS)
@@ -235,20 +241,25 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     with scratch_database() as url, psycopg.connect(url, autocommit=True) as db:
         token = bench_token(url)
-        provider_url = f"http://127.0.0.1:{args.provider_port}"
-        provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port",
-                          str(args.provider_port)], {})
+        provider: subprocess.Popen[Any]
+        if args.latency > 0:
+            provider, provider_url = start_slow_provider(args.latency)
+        else:
+            provider_url = f"http://127.0.0.1:{args.provider_port}"
+            provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port",
+                              str(args.provider_port)], {})
+            wait_http(f"{provider_url}/healthz")
         env = {"DATABASE_URL": url, "SA_PROVIDER_URL": provider_url}
-        worker = spawn([str(VENV_BIN / "sa-core"), "run-worker"],
+        concurrency = [] if args.concurrency is None else ["--concurrency", str(args.concurrency)]
+        worker = spawn([str(VENV_BIN / "sa-core"), "run-worker", *concurrency],
                        {**env, "SA_METRICS_PORT": str(args.metrics_port)})
         try:
-            wait_http(f"{provider_url}/healthz")
             wait_http(f"http://127.0.0.1:{args.metrics_port}/metrics")
             with web_server(env, args.port):
                 print(f"Procfile web (gunicorn gevent, WEB_CONCURRENCY="
                       f"{os.environ.get('WEB_CONCURRENCY', '2')}), one `sa-core run-worker` "
-                      "(default concurrency), fake provider answering at once; "
-                      f"{args.open_connections} producer connections")
+                      f"(concurrency {args.concurrency or 'default'}), provider answering after "
+                      f"{args.latency:g} s; {args.open_connections} producer connections")
                 scrape = WorkerScrape(f"http://127.0.0.1:{args.metrics_port}/metrics")
                 steps = []
                 for rate in rates:
