@@ -35,7 +35,8 @@ QUEUE_FULL_RETRY_AFTER = 30
 
 WAITING_UNTIL = datetime(9999, 12, 31, tzinfo=UTC)
 """The scheduled_for of a job waiting for its predecessor (`after`): never due by time, only
-released by the predecessor's success (0014_workflows.sql says the same literal)."""
+released by the predecessor's success (0014_workflows.sql and 0015_settle_by_predecessor.sql say the
+same literal)."""
 
 _ENDED = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.SUPERSEDED})
 

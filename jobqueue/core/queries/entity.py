@@ -20,7 +20,7 @@ __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB", "PROMPT_INSERT_WITH_JOB_MANY"
 # - With `after` (a job id, or a prompt id meaning its latest job; sa_job_pkey or
 #   sa_job_prompt_idx), the predecessor must be of the org and not failed, cancelled or
 #   superseded (`after_state`). Still active: the job waits (scheduled_for `waiting_until`) until
-#   the predecessor's end settles it (trigger sa_job_settle_dependents, 0014_workflows.sql).
+#   the predecessor's end settles it (trigger sa_job_settle_dependents, 0015_settle_by_predecessor.sql).
 #   Already succeeded: it is due at once and, unless `parent_id` is given, its prompt continues
 #   the predecessor's thread (the response is its parent).
 # The answer is always one row: the gate's verdicts and the job's columns (NULL when nothing was

@@ -208,7 +208,7 @@ WITH running AS (
 # outcome: only a succeeded attempt's text becomes a response. Every job written gets its ledger
 # row, unless no provider call was made (latency_ms null: a job put back because its route was
 # already paused). A job's waiting dependents (`after`) are released or ended by trigger
-# sa_job_settle_dependents (0014_workflows.sql) in this same statement; `dependents` counts them
+# sa_job_settle_dependents (0015_settle_by_predecessor.sql) in this same statement; `dependents` counts them
 # (the statement's snapshot predates the trigger's writes), served by sa_job_after_idx. The
 # statement fails as a whole if any insert does (the completer then splits the batch). The
 # answer is (id, attempt, to_state, dependents) per job written, with
