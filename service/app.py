@@ -127,7 +127,8 @@ def create_app(
         The Falcon app. With its own pool it caches valid tokens and LISTENs for revocations;
         with a given pool (tests) it looks every token up.
     """
-    configure_logging()
+    # NOTE: as gunicorn_conf.JsonLogger: no log thread in a process gevent may patch (LineLogger).
+    configure_logging(buffered=False)
     settings = settings or Settings.from_env()
     owns_pool = pool is None
     if pool is None:

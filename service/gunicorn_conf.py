@@ -75,7 +75,9 @@ class JsonLogger(Logger):  # type: ignore[misc]  # NOTE: gunicorn ships no type 
         """Replaces gunicorn's text handlers by the root logger's JSON one."""
         self.cfg = cfg
         self._access_log_enabled = cfg.accesslog is not None
-        configure_logging()
+        # NOTE: unbuffered, so that no log thread exists when a gevent worker patches the stdlib
+        # (LineLogger).
+        configure_logging(buffered=False)
         for log in (self.error_log, self.access_log):
             for handler in list(log.handlers):
                 log.removeHandler(handler)

@@ -39,25 +39,36 @@ class LineLogger:
     lines. Logs go to stderr so that stdout carries only a command's answer (`sa-core list-jobs
     --json | jq`); writing through sys.stderr (not its byte buffer) keeps the lines in order with
     the CLI's one-line errors.
+
+    With `buffered` False (the web process) every line is flushed as it is written and no thread
+    is ever started. gunicorn's gevent worker logs "Booting worker" before it monkey-patches the
+    stdlib: a flusher started by that line is a native thread that outlives the patch, then waits
+    on gevent's locks and builds a gevent hub of its own; when the main thread builds its hub at
+    the same moment, both import through importlib's module locks (gevent locks by then) and
+    deadlock, and the worker never serves (seen under load, about once in twenty starts). A web
+    request costs far more than one write(2).
     """
 
     def __init__(self) -> None:
+        self.buffered = True
         self._pending = threading.Event()
         self._flusher: threading.Thread | None = None
         self._flushing = threading.Lock()
         atexit.register(self._flush)
-        # NOTE: gunicorn's master sets logging up, then forks its workers; a thread does not survive
-        # a fork, so each child starts its own flusher on its first line. A fork while the master's
-        # flusher was inside sys.stderr.flush() would hand the child stderr's buffer lock held for
-        # ever (its first log line then hangs the worker at boot): the fork waits for the flush.
+        # NOTE: a thread does not survive a fork, so a forked child starts its own flusher on its
+        # first line. A fork while the parent's flusher was inside sys.stderr.flush() would hand the
+        # child stderr's buffer lock held for ever (its first log line would hang): the fork waits
+        # for the flush.
         os.register_at_fork(before=lambda: self._flushing.acquire(),
                             after_in_parent=lambda: self._flushing.release(),
                             after_in_child=self._forget_flusher)
 
     def info(self, message: str) -> None:
-        """Buffers one line."""
+        """Buffers one line (writes it through when not `buffered`)."""
         sys.stderr.write(message + "\n")
-        if not self._pending.is_set():
+        if not self.buffered:
+            self._flush()
+        elif not self._pending.is_set():
             if self._flusher is None:
                 self._start_flusher()
             self._pending.set()
@@ -133,16 +144,18 @@ def level_from_env(environ: Mapping[str, str] | None = None) -> int:
     return LEVELS[text]
 
 
-def configure_logging(level: int | None = None) -> None:
+def configure_logging(level: int | None = None, *, buffered: bool = True) -> None:
     """Routes structlog and the stdlib's root logger to stderr as JSON lines; idempotent.
 
     Args:
         level: the lowest level written; LOG_LEVEL (default info) when None.
+        buffered: False writes every line through and starts no thread (LineLogger says when).
 
     Raises:
         LogLevelError: LOG_LEVEL names no level.
     """
     level = level_from_env() if level is None else level
+    _line_logger().buffered = buffered
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(
         processors=[
