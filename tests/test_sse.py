@@ -445,10 +445,7 @@ def gunicorn(settings: Settings, tmp_path: Path, port: int | None = None, **env:
              "WEB_CONCURRENCY": "1", "SA_POLL_INTERVAL": "0.1", **env})
     base = f"http://127.0.0.1:{port}"
     try:
-        # NOTE: 75 s, past gunicorn's 30 s worker timeout: a worker that hangs at boot (seen about
-        # once in twenty starts late in a full run, not yet explained) is killed and replaced by
-        # the master, as in production, and the test goes on with the replacement.
-        wait_for(lambda: web.poll() is None and _answers(f"{base}/readyz"), timeout=75, interval=0.1)
+        wait_for(lambda: web.poll() is None and _answers(f"{base}/readyz"), timeout=30, interval=0.1)
         yield base
     finally:
         web.send_signal(signal.SIGTERM)
