@@ -116,8 +116,8 @@ def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> 
     params = {name: [f.row[name] for f in finishes] for name in _COLUMNS}
     # PERF: planned afresh for each batch (prepare=False): a plan cached while sa_job was young
     # joins the batch to a read of all of sa_job_pkey, which then grows with the table; planned
-    # for its moment it probes the key once the table has grown (tests/test_plans.py). About
-    # 0.5 ms of planning a batch.
+    # for its moment it probes the key once the table has grown (tests/test_plans.py). Planning
+    # took 0.7 ms for a batch of 32 on the loaded machine.
     with pool.connection() as conn:
         rows = conn.execute(q.JOB_SET_STATE_IF_RUNNING_MANY, params, prepare=False).fetchall()
     # NOTE: by (id, attempt): a batch may hold a stale attempt of a job next to its current one.
