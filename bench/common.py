@@ -18,6 +18,7 @@ from jobqueue.core.tokens import create_token
 from jobqueue.devtools import embedded_db
 
 __all__ = [
+    "BACKLOG",
     "REPO",
     "VENV_BIN",
     "bench_token",
@@ -32,6 +33,17 @@ __all__ = [
 
 REPO = Path(__file__).resolve().parent.parent
 VENV_BIN = Path(sys.executable).parent
+
+# NOTE: N queued prompts of org 1 in one statement (%s is N), for the burn-down benches.
+BACKLOG = """
+WITH p AS (
+    INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)
+    SELECT g, 'prompt', 1, 1, g, 'bench prompt ' || n
+      FROM (SELECT gen_random_uuid() AS g, n FROM generate_series(1, %s) n) s
+    RETURNING id
+)
+INSERT INTO sa_job (id, prompt_id, org_id, created_by) SELECT gen_random_uuid(), id, 1, 1 FROM p
+"""
 
 
 def scratch_database(*, migrated: bool = True) -> contextlib.AbstractContextManager[str]:

@@ -29,18 +29,9 @@ import json
 import time
 from typing import Any
 
-from bench.common import format_table
+from bench.common import BACKLOG, format_table
 from tests.hosts import Hosts
 
-BACKLOG = """
-WITH p AS (
-    INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)
-    SELECT g, 'prompt', 1, 1, g, 'bench prompt ' || n
-      FROM (SELECT gen_random_uuid() AS g, n FROM generate_series(1, %s) n) s
-    RETURNING id
-)
-INSERT INTO sa_job (id, prompt_id, org_id, created_by) SELECT gen_random_uuid(), id, 1, 1 FROM p
-"""
 CLEAN = ("TRUNCATE sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity "
          "RESTART IDENTITY CASCADE")
 SAMPLE = """

@@ -34,17 +34,8 @@ from typing import IO
 
 import psycopg
 
-from bench.common import REPO, VENV_BIN, format_table, scratch_database, spawn, wait_http
+from bench.common import BACKLOG, REPO, VENV_BIN, format_table, scratch_database, spawn, wait_http
 
-BACKLOG = """
-WITH p AS (
-    INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)
-    SELECT g, 'prompt', 1, 1, g, 'bench prompt ' || n
-      FROM (SELECT gen_random_uuid() AS g, n FROM generate_series(1, %s) n) s
-    RETURNING id
-)
-INSERT INTO sa_job (id, prompt_id, org_id, created_by) SELECT gen_random_uuid(), id, 1, 1 FROM p
-"""
 DONE = "SELECT count(*) FROM sa_job WHERE state = 'succeeded'"
 STATS = """
 SELECT xact_commit, tup_inserted, tup_updated FROM pg_stat_database WHERE datname = current_database()

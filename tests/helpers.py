@@ -6,9 +6,17 @@ import re
 from typing import Any
 
 import falcon.testing
+import httpx
 import psycopg
 from psycopg import sql
 
+
+def answers(url: str) -> bool:
+    """True when `url` answers 200 within 2 s (a server still starting, or down, does not)."""
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 def submit(client: falcon.testing.TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
     """POSTs a prompt and returns the 202 body."""

@@ -26,6 +26,7 @@ from jobqueue.devtools.fake_provider import FakeProvider
 from jobqueue.operator.migrate import migrate
 from sa_core.client import API_PREFIX, ApiError, AsyncClient, Client, Event, WaitTimeout
 from tests.conftest import wait_for
+from tests.helpers import answers
 
 REPO = Path(__file__).resolve().parent.parent
 _ORGS = itertools.count(700)
@@ -77,14 +78,8 @@ def live(database_url: str, fake: FakeProvider, tmp_path_factory: pytest.TempPat
                                              process_group=0))
         base = f"http://127.0.0.1:{port}"
 
-        def ready() -> bool:
-            try:
-                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
         try:
-            wait_for(ready, timeout=30, interval=0.1)
+            wait_for(lambda: answers(f"{base}/readyz"), timeout=30, interval=0.1)
             yield Live(base, url)
         finally:
             for child in children:

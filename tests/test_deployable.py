@@ -148,13 +148,7 @@ def test_the_wheel_migrates_an_empty_database_and_serves_a_prompt_as_the_procfil
                       Process("worker", procfile["worker"], env, tmp_path)]
         base = f"http://127.0.0.1:{port}"
 
-        def ready() -> bool:
-            try:
-                return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, timeout=30, interval=0.1)
+        wait_for(lambda: answers(f"{base}/readyz"), timeout=30, interval=0.1)
         token = json.loads(_run(["sa-core", "create-token", "--org", "1", "--user", "1", "--json"],
                                 env=env, cwd=tmp_path).stdout)["token"]
         auth = {"Authorization": f"Bearer {token}"}

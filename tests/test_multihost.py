@@ -24,6 +24,7 @@ import pytest
 from jobqueue.core.db import open_pool
 from jobqueue.core.tokens import create_token
 from tests.conftest import wait_for
+from tests.helpers import answers
 from tests.hosts import VENV_BIN, Host, Hosts, Process, procfile_command, unavailable
 
 REASON = unavailable()
@@ -66,7 +67,7 @@ class Site:
                        {**hosts.service_env(), **FAST, "PORT": str(WEB_PORT),
                         "PATH": f"{VENV_BIN}:/usr/bin:/bin"}, "gunicorn")
         self.base = f"http://{self.web.address}:{WEB_PORT}"
-        wait_for(lambda: _answers(f"{self.base}/readyz"), timeout=60, interval=0.1)
+        wait_for(lambda: answers(f"{self.base}/readyz"), timeout=60, interval=0.1)
         pool = open_pool(hosts.direct_url, name="tests-multihost", max_size=1)
         try:
             self.token = create_token(pool, 1, 10)
@@ -133,13 +134,6 @@ def fleet(site: Site) -> Iterator[list[Process]]:
             process.stop()
         host.processes.clear()
     site.hosts.sql(CLEAN)
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _claim_of(worker: Process) -> str:

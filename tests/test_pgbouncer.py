@@ -28,6 +28,7 @@ from jobqueue.core.tokens import create_token
 from jobqueue.core.wakeup import WakeupSender
 from jobqueue.devtools.fake_provider import FakeProvider
 from tests.conftest import wait_for
+from tests.helpers import answers
 from tests.hosts import VENV_BIN, Bouncer, Process, conninfo_host_port, free_port, procfile_command
 
 # NOTE: never skipped where .ci/run sets SA_MULTIHOST_REQUIRED (as root, it installs pgbouncer).
@@ -98,7 +99,7 @@ def test_web_and_workers_serve_prompts_through_pgbouncer_in_transaction_mode(
                        logs / f"worker{i}.log") for i in range(2)]
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _answers(f"{base}/readyz"), timeout=60, interval=0.1)
+        wait_for(lambda: answers(f"{base}/readyz"), timeout=60, interval=0.1)
         headers = {"Authorization": f"Bearer {create_token(pool, 1, 10)}"}
         with httpx.Client(base_url=base, headers=headers, timeout=10) as http:
             # NOTE: well past psycopg's 5 executions per connection that would prepare a
@@ -149,13 +150,6 @@ def test_web_and_workers_serve_prompts_through_pgbouncer_in_transaction_mode(
         timeouts = as_worker.execute("SELECT current_setting('statement_timeout'), "
                                 "current_setting('lock_timeout')").fetchone()
     assert timeouts == ("30s", "10s")
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_prepared_statements_are_off_when_queries_go_through_a_pooler() -> None:

@@ -32,7 +32,7 @@ from service.auth import AuthMiddleware
 from service.event_hub import EventHub, HubConfig, SubscriptionClosed, replay_events
 from service.resources.events import MissionEvents
 from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import submit
+from tests.helpers import answers, submit
 
 API = "/sa-core/v1"
 EVENTS = f"{API}/mission/events"
@@ -445,7 +445,7 @@ def gunicorn(settings: Settings, tmp_path: Path, port: int | None = None, **env:
              "WEB_CONCURRENCY": "1", "SA_POLL_INTERVAL": "0.1", **env})
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_for(lambda: web.poll() is None and _answers(f"{base}/readyz"), timeout=30, interval=0.1)
+        wait_for(lambda: web.poll() is None and answers(f"{base}/readyz"), timeout=30, interval=0.1)
         yield base
     finally:
         web.send_signal(signal.SIGTERM)
@@ -455,13 +455,6 @@ def gunicorn(settings: Settings, tmp_path: Path, port: int | None = None, **env:
             web.kill()
             web.wait()
         log.close()
-
-
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=1.0).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def _raw_streams(base: str, headers: dict[str, str], count: int) -> list[socket.socket]:
