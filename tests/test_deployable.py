@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import wait_for
+from tests.helpers import answers
 
 REPO = Path(__file__).resolve().parent.parent
 API = "/sa-core/v1"
@@ -135,8 +136,8 @@ def test_the_wheel_migrates_an_empty_database_and_serves_a_prompt_as_the_procfil
 
     release = Process("release", procfile["release"], env, tmp_path)
     assert release.stop(signal_first=False) == 0, release.lines
-    answers = [_parsed("release", label, line) for label, line in release.lines if label == "stdout"]
-    assert answers == [{"applied": shipped}], release.lines
+    migrated = [_parsed("release", label, line) for label, line in release.lines if label == "stdout"]
+    assert migrated == [{"applied": shipped}], release.lines
     assert [e["name"] for e in release.events() if e.get("event") == "migration.applied"] == shipped
 
     processes = [Process("fake-provider", "sa-core fake-provider --port 0", env, tmp_path)]
