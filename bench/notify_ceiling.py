@@ -35,7 +35,6 @@ from bench.common import format_table, scratch_database
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.wakeup import WakeupSender
-from jobqueue.engine.enqueue import WAITING_UNTIL
 from jobqueue.operator.migrate import MIGRATIONS
 
 TRIGGER_0005 = (MIGRATIONS / "0005_notify_channels.sql").read_text()
@@ -85,7 +84,7 @@ def _enqueue_params() -> dict[str, Any]:
             "priority": 50, "max_attempts": 3, "options": Jsonb({}), "max_queued": 0,
             "idempotency_key": None, "request_hash": None, "key_ttl": 86400,
             "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4(), "run_at": None,
-            "delay_seconds": None, "after": None, "waiting_until": WAITING_UNTIL}
+            "delay_seconds": None, "after": None, "max_chain_depth": 1000}
 
 
 def _finalize_params(job_id: uuid.UUID) -> dict[str, Any]:

@@ -172,7 +172,8 @@ def create_app(
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
-    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry", PromptRetry(pool))
+    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry",
+                  PromptRetry(pool, settings.org_max_queued))
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,

@@ -302,6 +302,9 @@ def _schemas(settings: Settings) -> dict[str, Schema]:
                                              "tokens_in": _nullable({"type": "integer"}),
                                              "tokens_out": _nullable({"type": "integer"})}}},
                 "after_job_id": _nullable(_UUID),
+                "waiting": {"type": "boolean", "description": "True while the job waits for "
+                            "its predecessor (`after_job_id`) to succeed: queued, but not "
+                            "claimable until then; on GET."},
             },
         },
         "JobWithResponse": {

@@ -69,7 +69,7 @@ _FINALIZE = {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3,
 _ENQUEUE = {"parent_id": None, "org_id": 1, "user_id": 1, "text": "t", "priority": 50,
             "max_attempts": 3, "options": "{}", "max_queued": 0, "idempotency_key": "k",
             "request_hash": "h", "key_ttl": 86400, "run_at": None, "delay_seconds": None,
-            "after": None, "waiting_until": datetime(9999, 12, 31, tzinfo=UTC),
+            "after": None, "max_chain_depth": 1000,
             "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4()}
 _CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4,
           "aging": 300.0}

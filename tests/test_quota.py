@@ -16,7 +16,7 @@ from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import create_token
 from jobqueue.engine.claim import claim
-from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER, WAITING_UNTIL
+from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from service.app import create_app
 from tests.conftest import fetch_one
 from tests.helpers import plan_nodes
@@ -106,7 +106,7 @@ def test_the_cap_count_is_served_by_the_queued_index(many_jobs: DictConnection) 
         "max_attempts": 3, "options": Jsonb({}), "max_queued": 10_000, "idempotency_key": "k",
         "request_hash": b"\0" * 32, "key_ttl": 86400, "prompt_id": uuid.uuid4(),
         "job_id": uuid.uuid4(), "run_at": None, "delay_seconds": None, "after": None,
-        "waiting_until": WAITING_UNTIL})
+        "max_chain_depth": 1000})
     # NOTE: either index of one org's queued jobs (0004's, or the fair claim's of 0014) serves it.
     assert {"sa_job_org_queued_idx", "sa_job_org_claim_idx"} & {n.get("Index Name") for n in nodes}, nodes
     assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "sa_job"]

@@ -11,8 +11,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load_routes
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL", "DEFAULT_PRIORITY_AGING",
-           "KEY_TTL_SECONDS", "Settings", "SettingsError", "notify_interval"]
+__all__ = ["DEFAULT_CHAIN_MAX_DEPTH", "DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL",
+           "DEFAULT_PRIORITY_AGING", "KEY_TTL_SECONDS", "Settings", "SettingsError", "notify_interval"]
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A chat completion is kilobytes; megabytes mean a misbehaving server (SA_PROVIDER_MAX_RESPONSE_BYTES)."""
@@ -27,6 +27,11 @@ NOTE: here, not in the engine, because retention settings are checked against it
 class SettingsError(ValueError):
     """An environment variable holds a value the service cannot use."""
 
+
+DEFAULT_CHAIN_MAX_DEPTH = 1000
+"""Most predecessors a job may have before it in its chain (SA_CHAIN_MAX_DEPTH): a chain costs
+one index probe per link when its first job ends, and a link that long is a runaway loop more
+often than a plan."""
 
 DEFAULT_PRIORITY_AGING = 300.0
 """Seconds after which a due job at the head of its org's queue ranks before every priority
@@ -155,6 +160,7 @@ class Settings:
     pool_max_size: int = 10
     max_body_bytes: int = 1_048_576
     org_max_queued: int = 0
+    chain_max_depth: int = DEFAULT_CHAIN_MAX_DEPTH
     cors_origins: tuple[str, ...] = ()
     org_max_running: int = 0
     priority_aging: float = DEFAULT_PRIORITY_AGING
@@ -221,6 +227,7 @@ class Settings:
             pool_max_size=_int(env, "SA_POOL_MAX_SIZE", 10),
             max_body_bytes=_int(env, "SA_MAX_BODY_BYTES", 1_048_576),
             org_max_queued=_int(env, "SA_ORG_MAX_QUEUED", 0, minimum=0),
+            chain_max_depth=_int(env, "SA_CHAIN_MAX_DEPTH", DEFAULT_CHAIN_MAX_DEPTH),
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             priority_aging=_float(env, "SA_PRIORITY_AGING", DEFAULT_PRIORITY_AGING),

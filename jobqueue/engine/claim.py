@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -23,7 +24,8 @@ from jobqueue.core.policy import ErrorKind
 from jobqueue.core.queries import job as q
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.core.states import JobState
-from jobqueue.engine import transitions
+from jobqueue.engine import chains, quarantine, transitions
+from jobqueue.engine.isolation import write_isolated
 
 __all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "SENT_OPTIONS", "ClaimedJob", "Undecodable", "claim",
            "options_error"]
@@ -173,12 +175,20 @@ def _reject_undecodable(
     if not errors:
         return rows
     bad = [r for r in rows if r["id"] in errors]
-    # NOTE: planned for each batch, as finalize.py's statement is (see there).
-    failed = {out["id"] for out in conn.execute(q.JOB_REJECT_MANY_IF_CLAIMED, {
-        "job_ids": [r["id"] for r in bad], "attempts": [r["attempt"] for r in bad],
-        "error_kinds": [ErrorKind.INVALID_OPTIONS.value] * len(bad),
-        "error_messages": [errors[r["id"]] for r in bad], "claim": worker_claim,
-    }, prepare=False).fetchall()}
+
+    def reject(c: DictConnection, part: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        # NOTE: planned for each batch, as finalize.py's statement is (see there).
+        return c.execute(q.JOB_REJECT_MANY_IF_CLAIMED, {
+            "job_ids": [r["id"] for r in part], "attempts": [r["attempt"] for r in part],
+            "error_kinds": [ErrorKind.INVALID_OPTIONS.value] * len(part),
+            "error_messages": [errors[r["id"]] for r in part], "claim": worker_claim,
+        }, prepare=False).fetchall()
+
+    done = write_isolated(conn, bad, reject)
+    for r, exc in done.failed:
+        quarantine.set_aside(conn, r["id"], r["org_id"], "reject", exc)
+    failed = {out["id"] for out in done.rows}
+    chains.settle(conn, list(failed))
     for r in bad:
         if r["id"] in failed:
             transitions.record("job.options_invalid", JobState.RUNNING, JobState.FAILED,

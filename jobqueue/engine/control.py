@@ -12,11 +12,13 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection
-from jobqueue.core.errors import Conflict, NotFound
+from jobqueue.core.errors import Conflict, NotFound, QueueFull
+from jobqueue.core.queries import idempotency as idempotency_q
 from jobqueue.core.queries import job as q
 from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
-from jobqueue.engine import transitions
+from jobqueue.engine import chains, transitions
+from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 
 __all__ = ["Retried", "cancel_job", "retry_job", "retry_prompt"]
 
@@ -51,7 +53,8 @@ def cancel_job(
     """Cancels a queued or running job in one statement; a running job's late result is dropped.
 
     The worker running it loses its claim: its heartbeat abandons the call, and its
-    conditional finalize matches no row, so no response, ledger or audit row is written.
+    conditional finalize matches no row, so no response, ledger or audit row is written. Jobs
+    waiting on it (`after`) are cancelled with it, down their chain, before this returns.
 
     Args:
         pool: database pool.
@@ -73,9 +76,12 @@ def cancel_job(
                                                     "reason": reason}).fetchone()
     if row is None:
         raise NotFound(f"job {job_id} not found")
+    dependents = row.pop("dependents")
     if not row.pop("changed"):
         raise Conflict(f"job {job_id} is already {row['state']}; nothing to cancel")
     wakeup.for_pool(pool).job_changed()
+    if dependents:
+        chains.settle(pool, [row["id"]])
     # NOTE: only a claim sets worker_claim and every way back to 'queued' clears it, so a cancelled
     # job that still has one was running.
     from_state = JobState.RUNNING if row["worker_claim"] else JobState.QUEUED
@@ -87,14 +93,20 @@ def cancel_job(
 
 
 def retry_job(
-    pool: ConnectionPool[DictConnection], job_id: uuid.UUID, org_id: int | None
+    pool: ConnectionPool[DictConnection], job_id: uuid.UUID, org_id: int | None,
+    *, max_queued: int = 0,
 ) -> Retried:
     """Queues a new job for a finished job's prompt and marks the old one superseded, atomically.
+
+    The chain its end cancelled (jobs submitted `after` it) is re-armed in the same transaction:
+    each of those jobs gets a new one waiting on the new job of its predecessor.
 
     Args:
         pool: database pool.
         job_id: the finished job to retry.
         org_id: the caller's org; None for an operator (any org).
+        max_queued: the most jobs the org may have queued (SA_ORG_MAX_QUEUED; 0 for no cap):
+            the new job and every re-armed one count, as submits do.
 
     Returns:
         The new job.
@@ -102,31 +114,38 @@ def retry_job(
     Raises:
         NotFound: no such job (in the caller's org).
         Conflict: the job is still queued or running, or it was already superseded.
+        QueueFull: the new job and its re-armed chain do not fit under `max_queued`.
     """
     return _retry(pool, q.JOB_RETRY_IF_FINISHED, {"job_id": job_id, "org_id": org_id},
-                  f"job {job_id}")
+                  f"job {job_id}", max_queued)
 
 
 def retry_prompt(
-    pool: ConnectionPool[DictConnection], prompt_id: uuid.UUID, caller: Caller
+    pool: ConnectionPool[DictConnection], prompt_id: uuid.UUID, caller: Caller,
+    *, max_queued: int = 0,
 ) -> Retried:
     """Retries the prompt's latest job (see `retry_job`).
 
     Raises:
         NotFound: no such prompt in the caller's org.
         Conflict: its latest job is still queued or running, or was already superseded.
+        QueueFull: the new job and its re-armed chain do not fit under `max_queued`.
     """
     return _retry(pool, q.JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED,
-                  {"prompt_id": prompt_id, "org_id": caller.org_id}, f"prompt {prompt_id}")
+                  {"prompt_id": prompt_id, "org_id": caller.org_id}, f"prompt {prompt_id}",
+                  max_queued)
 
 
 def _retry(
-    pool: ConnectionPool[DictConnection], statement: str, params: dict[str, Any], target: str
+    pool: ConnectionPool[DictConnection], statement: str, params: dict[str, Any], target: str,
+    max_queued: int,
 ) -> Retried:
-    """Runs one retry statement; `target` names what was asked for, in error messages."""
+    """Runs one retry statement and re-arms its chain in one transaction; `target` names what
+    was asked for, in error messages."""
     superseder: uuid.UUID | None = None
+    rearmed: list[Row] = []
     try:
-        with pool.connection() as conn:
+        with pool.connection() as conn, conn.transaction():
             row = conn.execute(statement, {**params, "new_job_id": uuid.uuid4()}).fetchone()
             if row is not None and row["job_id"] is None and row["superseded_by"] is None \
                     and row["old_state"] == JobState.SUPERSEDED:
@@ -134,6 +153,10 @@ def _retry(
                 # (it waited on the row lock); a fresh statement sees the winner.
                 found = conn.execute(q.JOB_GET_SUPERSEDER, {"job_id": row["old_id"]}).fetchone()
                 superseder = found["id"] if found is not None else None
+            if row is not None and row["job_id"] is not None:
+                rearmed = chains.rearm(conn, row["old_id"], row["job_id"])
+                if max_queued > 0:
+                    _check_cap(conn, row["org_id"], max_queued, 1 + len(rearmed))
     except psycopg.errors.UniqueViolation as exc:
         if exc.diag.constraint_name != "sa_job_supersedes_unique":
             raise
@@ -146,8 +169,25 @@ def _retry(
                                       row["superseded_by"] or superseder))
     wakeup.for_pool(pool).job_queued()
     _report_retry(row)
+    chains.report_rearmed(rearmed, row["job_id"])
     return Retried(prompt_id=row["prompt_id"], job_id=row["job_id"], state=row["state"],
                    supersedes=row["supersedes"], created_at=row["created_at"])
+
+
+def _check_cap(conn: DictConnection, org_id: int, max_queued: int, added: int) -> None:
+    """Raises QueueFull (rolling the retry back) when the org is past its queue cap with `added`.
+
+    NOTE: the org's enqueue lock is taken after the writes, so every submit that held it before
+    has committed and is counted, and every later one waits for this commit: exact, as at submit.
+    """
+    conn.execute(idempotency_q.ORG_ENQUEUE_LOCK, {"org_id": org_id})
+    row = conn.execute(q.JOB_COUNT_QUEUED_FOR_ORG_CAPPED,
+                       {"org_id": org_id, "cap": max_queued + 1}).fetchone()
+    if row is not None and row["queued"] > max_queued:
+        raise QueueFull(
+            f"this retry would put {added} job(s) back (the job and the chain waiting on it) and "
+            f"take your organization past {max_queued} queued jobs (the most allowed); retry when "
+            "some have started", retry_after=QUEUE_FULL_RETRY_AFTER)
 
 
 def _report_retry(row: Row) -> None:

@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import structlog
@@ -21,22 +21,18 @@ from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.core.queries import entity as q
 from jobqueue.core.queries import idempotency as idempotency_q
 from jobqueue.core.queries import job as job_q
-from jobqueue.core.settings import KEY_TTL_SECONDS
+from jobqueue.core.settings import DEFAULT_CHAIN_MAX_DEPTH, KEY_TTL_SECONDS
 from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import transitions
 from jobqueue.engine.idempotency import request_fingerprint
 
-__all__ = ["QUEUE_FULL_RETRY_AFTER", "WAITING_UNTIL", "Enqueued", "Submission", "enqueue",
+__all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "Submission", "enqueue",
            "enqueue_many"]
 
 QUEUE_FULL_RETRY_AFTER = 30
 """Seconds a client is told to wait (Retry-After) when its org's queue is full."""
 
-WAITING_UNTIL = datetime(9999, 12, 31, tzinfo=UTC)
-"""The scheduled_for of a job waiting for its predecessor (`after`): never due by time, only
-released by the predecessor's success (0014_workflows.sql and 0015_settle_by_predecessor.sql say the
-same literal)."""
 
 _ENDED = frozenset({JobState.FAILED, JobState.CANCELLED, JobState.SUPERSEDED})
 
@@ -100,6 +96,7 @@ def enqueue(
     run_at: datetime | None = None,
     delay_seconds: int | None = None,
     after: uuid.UUID | None = None,
+    max_chain_depth: int = DEFAULT_CHAIN_MAX_DEPTH,
 ) -> Enqueued:
     """Writes the prompt and a queued job in one statement (atomic), unless a guard says no.
 
@@ -117,14 +114,17 @@ def enqueue(
         max_queued: the most jobs the caller's org may have queued at once; 0 for no cap.
         run_at: when the job becomes claimable (validated by the caller: not past, not absurd).
         delay_seconds: or: how long from the database's now until it does.
-        after: or: a job (or prompt: its latest job) of the caller's org this one waits for.
+        after: a job (or prompt: its latest job) of the caller's org this one waits for; it runs
+            once that one succeeded (and no sooner than `run_at` or `delay_seconds`).
+        max_chain_depth: the most predecessors the new job may have in its chain.
 
     Returns:
         The new ids and state (or the original ones, for a replay).
 
     Raises:
         InvalidInput: `parent_id` names no entity of the caller's org, or `after` no job or
-            prompt of it, or a job already failed, cancelled or superseded.
+            prompt of it, or a job already failed, cancelled or superseded, or one whose chain
+            already has `max_chain_depth` links.
         IdempotencyKeyReused: the key is bound to a different request.
         QueueFull: the org already has `max_queued` queued jobs.
     """
@@ -144,7 +144,7 @@ def enqueue(
         "run_at": run_at,
         "delay_seconds": delay_seconds,
         "after": after,
-        "waiting_until": WAITING_UNTIL,
+        "max_chain_depth": max_chain_depth,
     }
     if idempotency_key is not None:
         params["request_hash"] = Submission(text, parent_id, priority, max_attempts, opts, run_at,
@@ -164,14 +164,14 @@ def enqueue(
                     return replayed
         if row["id"] is not None:
             scheduled = run_at is not None or bool(delay_seconds)
-            if row["scheduled_for"] != WAITING_UNTIL:
+            if not row["waiting"]:
                 wakeup.for_pool(pool).job_queued(
                     row["scheduled_for"].timestamp() if scheduled else None)
             extra: dict[str, Any] = {}
             if scheduled:
                 extra["scheduled_for"] = row["scheduled_for"].isoformat()
             if after is not None:
-                extra["after"] = str(after)
+                extra.update(after=str(after), waiting=row["waiting"])
             transitions.record("job.enqueued", None, JobState.QUEUED, job_id=str(row["id"]),
                                prompt_id=str(row["prompt_id"]), org_id=caller.org_id,
                                user_id=caller.user_id, priority=priority, **extra)
@@ -184,6 +184,9 @@ def enqueue(
         if after is not None and row["after_state"] in _ENDED:
             raise InvalidInput(f"after: its job is {row['after_state']} and will never succeed; "
                                "retry it first")
+        if not row["depth_ok"]:
+            raise InvalidInput(f"after: its chain already has {max_chain_depth} jobs before this "
+                               "one (SA_CHAIN_MAX_DEPTH, the most allowed)")
         if not row["under_cap"]:
             raise QueueFull(
                 f"your organization already has {max_queued} queued jobs (the most allowed); "

@@ -6,7 +6,9 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
@@ -15,8 +17,9 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.queries import job as q
 from jobqueue.core.states import JobState
-from jobqueue.engine import transitions
+from jobqueue.engine import chains, quarantine, transitions
 from jobqueue.engine.claim import ClaimedJob
+from jobqueue.engine.isolation import is_connection_failure, write_isolated
 
 __all__ = [
     "RESPONSE_NAMESPACE",
@@ -108,42 +111,78 @@ def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> 
     """Writes `finishes` in one statement (JOB_SET_STATE_IF_RUNNING_MANY), whatever their outcomes.
 
     Every job of the batch is guarded on its own (id, state running, worker_claim, attempt), so
-    a job whose claim was lost writes nothing while the others of its batch go through.
+    a job whose claim was lost writes nothing while the others of its batch go through. A job
+    whose outcome cannot be written is failed with that error instead, or, when no write to it
+    succeeds, quarantined (jobqueue/engine/quarantine.py); the rest of its batch is written. The
+    waiting dependents of the jobs that ended are settled after the commit.
 
     Returns:
-        For each finish, in order, whether it was written (False: the claim was lost).
+        For each finish, in order, whether its outcome was written (False: the claim was lost, or
+        the outcome could not be written).
+
+    Raises:
+        psycopg.Error: the connection failed (nothing of the batch was written).
     """
-    params = {name: [f.row[name] for f in finishes] for name in _COLUMNS}
-    # PERF: planned afresh for each batch (prepare=False): a plan cached while sa_job was young
-    # joins the batch to a read of all of sa_job_pkey, which then grows with the table; planned
-    # for its moment it probes the key once the table has grown (tests/test_plans.py). Planning
-    # took 0.7 ms for a batch of 32 on the loaded machine.
     with pool.connection() as conn:
-        rows = conn.execute(q.JOB_SET_STATE_IF_RUNNING_MANY, params, prepare=False).fetchall()
+        done = write_isolated(conn, finishes, _write)
+        failed = [f for f, error in done.failed if _fail_unwritable(conn, f, error)]
     # NOTE: by (id, attempt): a batch may hold a stale attempt of a job next to its current one.
-    won = {(r["id"], r["attempt"]): r["dependents"] for r in rows}
+    won = {(r["id"], r["attempt"]): r["dependents"] for r in done.rows}
     results = [(f.job.id, f.job.attempt) in won for f in finishes]
     _wake(pool, finishes, results)
     now = time.monotonic()
     for f, ok in zip(finishes, results, strict=True):
         if ok:
             _record(f, now)
-            _settled(pool, f, won[(f.job.id, f.job.attempt)])
+    ended = [f.job.id for f, ok in zip(finishes, results, strict=True)
+             if ok and won[(f.job.id, f.job.attempt)] and f.to_state is not JobState.QUEUED]
+    _settle(pool, ended + [f.job.id for f in failed])
     return results
 
 
-def _settled(pool: ConnectionPool[DictConnection], f: Finish, dependents: int) -> None:
-    """Wakes workers for the dependents the job's success released, or records the ones its
-    failure ended (trigger sa_job_settle_dependents wrote them, in the finalize statement)."""
-    if not dependents:
+def _write(conn: DictConnection, finishes: Sequence[Finish]) -> list[dict[str, Any]]:
+    params = {name: [f.row[name] for f in finishes] for name in _COLUMNS}
+    # PERF: planned afresh for each batch (prepare=False): a plan cached while sa_job was young
+    # joins the batch to a read of all of sa_job_pkey, which then grows with the table; planned
+    # for its moment it probes the key once the table has grown (tests/test_plans.py). Planning
+    # took 0.7 ms for a batch of 32 on the loaded machine.
+    return conn.execute(q.JOB_SET_STATE_IF_RUNNING_MANY, params, prepare=False).fetchall()
+
+
+def _fail_unwritable(conn: DictConnection, f: Finish, error: psycopg.Error) -> bool:
+    """Fails a job whose outcome the database refused, with that error; quarantines it when even
+    that write fails. Returns whether it was failed (and so ended)."""
+    job = f.job
+    message = f"its outcome ({f.to_state}) could not be written: {str(error).strip()[:500]}"
+    try:
+        rows = conn.execute(q.JOB_REJECT_MANY_IF_CLAIMED, {
+            "job_ids": [job.id], "attempts": [job.attempt],
+            "error_kinds": [ErrorKind.UNKNOWN.value], "error_messages": [message],
+            "claim": job.claim}).fetchall()
+    except psycopg.Error as exc:
+        if is_connection_failure(conn, exc):
+            raise
+        quarantine.set_aside(conn, job.id, job.org_id, "finalize", exc)
+        return False
+    if rows:
+        transitions.record("job.unwritable", JobState.RUNNING, JobState.FAILED,
+                           error_kind=ErrorKind.UNKNOWN, level="warning", job_id=str(job.id),
+                           org_id=job.org_id, attempt=job.attempt, worker_id=job.claim,
+                           error=message)
+    return bool(rows)
+
+
+def _settle(pool: ConnectionPool[DictConnection], ended: list[uuid.UUID]) -> None:
+    """Settles the dependents of the jobs the batch ended; a failure is the leader's sweep's to mend.
+
+    NOTE: the batch is committed by now, so nothing here may make the caller write it again.
+    """
+    if not ended:
         return
-    if f.to_state is JobState.SUCCEEDED:
-        wakeup.for_pool(pool).job_queued()
-        log.info("job.dependents_released", job_id=str(f.job.id), jobs=dependents)
-    elif f.to_state is JobState.FAILED:
-        transitions.record("job.dependents_ended", JobState.QUEUED, JobState.CANCELLED,
-                           error_kind=ErrorKind.DEPENDENCY_FAILED, count=dependents,
-                           jobs=dependents, predecessor=str(f.job.id), org_id=f.job.org_id)
+    try:
+        chains.settle(pool, ended)
+    except psycopg.Error as exc:
+        log.warning("chain.settle_deferred", jobs=len(ended), error=str(exc).strip())
 
 
 def _record(f: Finish, now: float) -> None:

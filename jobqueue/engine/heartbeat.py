@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
+import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import job as q
 from jobqueue.core.states import JobState
-from jobqueue.engine import transitions
+from jobqueue.engine import quarantine, transitions
+from jobqueue.engine.isolation import write_isolated
 
 __all__ = ["heartbeat", "release"]
+
+log = structlog.get_logger(__name__)
+
+Row = dict[str, Any]
 
 
 def heartbeat(
@@ -21,25 +28,43 @@ def heartbeat(
 ) -> set[tuple[uuid.UUID, int]]:
     """Refreshes the heartbeat of the jobs still running under this claim, in one statement.
 
+    A job whose row cannot be written is left out (and logged), so it cannot stop the others'
+    heartbeats: the worker abandons it like a job it lost.
+
     Returns:
         (id, attempt) of each job still ours; a job missing was cancelled, reclaimed or finished.
     """
+    def write(conn: DictConnection, part: Sequence[uuid.UUID]) -> list[Row]:
+        return conn.execute(q.JOB_HEARTBEAT_MANY_IF_CLAIMED,
+                            {"job_ids": list(part), "claim": worker_claim}).fetchall()
+
     with pool.connection() as conn:
-        rows = conn.execute(q.JOB_HEARTBEAT_MANY_IF_CLAIMED,
-                            {"job_ids": list(job_ids), "claim": worker_claim}).fetchall()
-    return {(r["id"], r["attempt"]) for r in rows}
+        done = write_isolated(conn, list(job_ids), write)
+    for job_id, exc in done.failed:
+        log.error("job.heartbeat_unwritable", job_id=str(job_id), worker_id=worker_claim,
+                  sqlstate=exc.sqlstate, error=str(exc).strip()[:500])
+    return {(r["id"], r["attempt"]) for r in done.rows}
 
 
 def release(pool: ConnectionPool[DictConnection], worker_claim: str) -> int:
     """Puts every job still running under this claim back in the queue, no attempt spent.
 
-    Used at shutdown for the jobs a worker could not finish within its grace: not their fault.
+    Used at shutdown for the jobs a worker could not finish within its grace: not their fault. A
+    job whose row cannot be written is quarantined; the others are released.
 
     Returns:
         How many jobs were released.
     """
+    def write(conn: DictConnection, part: Sequence[Row]) -> list[Row]:
+        return conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, {
+            "job_ids": [r["id"] for r in part], "claim": worker_claim}).fetchall()
+
     with pool.connection() as conn:
-        rows = conn.execute(q.JOB_RELEASE_MANY_IF_CLAIMED, {"claim": worker_claim}).fetchall()
+        held = conn.execute(q.JOB_LIST_CLAIMED, {"claim": worker_claim}).fetchall()
+        done = write_isolated(conn, held, write)
+        for row, exc in done.failed:
+            quarantine.set_aside(conn, row["id"], row["org_id"], "release", exc)
+    rows = done.rows
     if rows:
         wakeup.for_pool(pool).job_queued()
     for r in rows:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,11 +22,14 @@ from jobqueue.core.policy import ReclaimCandidate, ReclaimDecision, RetryAction,
 from jobqueue.core.queries import maintenance as q
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import JobState
-from jobqueue.engine import transitions
+from jobqueue.engine import chains, quarantine, transitions
+from jobqueue.engine.isolation import write_isolated
 
 __all__ = ["ReclaimCounts", "Reclaimer"]
 
 log = structlog.get_logger(__name__)
+
+Row = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -118,9 +122,9 @@ class Reclaimer:
             log.info("reclaim.finished", requeued=counts.requeued, failed=counts.failed)
         return counts
 
-    def _apply(self, conn: DictConnection, rows: list[dict[str, Any]]) -> ReclaimCounts:
+    def _apply(self, conn: DictConnection, rows: list[Row]) -> ReclaimCounts:
         """Decides each candidate of a page and writes the decisions in one guarded statement."""
-        decided: dict[uuid.UUID, tuple[dict[str, Any], ReclaimDecision]] = {}
+        decided: dict[uuid.UUID, tuple[Row, ReclaimDecision]] = {}
         for row in rows:
             candidate = ReclaimCandidate(
                 worker_claim=row["worker_claim"], attempt=row["attempt"],
@@ -132,21 +136,30 @@ class Reclaimer:
                 decided[row["id"]] = (row, decision)
         if not decided:
             return ReclaimCounts()
-        batch = list(decided.values())
-        # NOTE: planned for each page, as engine/finalize.py's batch is (see there).
-        written = conn.execute(q.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE, {
-            "job_ids": list(decided),
-            "claims": [r["worker_claim"] for r, _ in batch],
-            "attempts": [r["attempt"] for r, _ in batch],
-            "to_states": ["queued" if d.action is RetryAction.RETRY else "failed" for _, d in batch],
-            "error_kinds": [d.kind.value for _, d in batch],
-            "error_messages": [d.message for _, d in batch],
-            "as_of": rows[0]["as_of"],
-            "stale_after": self.config.stale_after,
-            "stuck_after": self.config.stuck_after,
-        }, prepare=False).fetchall()
+        as_of = rows[0]["as_of"]
+
+        def write(c: DictConnection, part: Sequence[tuple[Row, ReclaimDecision]]) -> list[Row]:
+            # NOTE: planned for each page, as engine/finalize.py's batch is (see there).
+            return c.execute(q.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE, {
+                "job_ids": [r["id"] for r, _ in part],
+                "claims": [r["worker_claim"] for r, _ in part],
+                "attempts": [r["attempt"] for r, _ in part],
+                "to_states": ["queued" if d.action is RetryAction.RETRY else "failed"
+                              for _, d in part],
+                "error_kinds": [d.kind.value for _, d in part],
+                "error_messages": [d.message for _, d in part],
+                "as_of": as_of,
+                "stale_after": self.config.stale_after,
+                "stuck_after": self.config.stuck_after,
+            }, prepare=False).fetchall()
+
+        done = write_isolated(conn, list(decided.values()), write)
+        for (row, _), exc in done.failed:
+            quarantine.set_aside(conn, row["id"], row["org_id"], "reclaim", exc)
+        written = done.rows
         if written:
             wakeup.notify_with(conn, queued=any(out["state"] == "queued" for out in written))
+        chains.settle(conn, [out["id"] for out in written if out["state"] == "failed"])
         for out in written:
             read, decision = decided[out["id"]]
             transitions.record(

@@ -1,5 +1,6 @@
 """Applies the package's sql/migrations/NNNN_name.sql in order, each in its own transaction, under an
-advisory lock, and refuses to go on when a file already applied has changed since."""
+advisory lock, and refuses to go on when a file already applied has changed since; then brings the
+database's functions and triggers to today's definitions (sql/functions/)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import structlog
 
 from jobqueue.core.queries import migration as q
 from jobqueue.operator.cli_pool import CONNECT_TIMEOUT
+from jobqueue.operator.db_functions import FUNCTIONS, drift, load_definitions
 
 __all__ = ["MIGRATIONS", "Migration", "MigrationError", "load_migrations", "migrate"]
 
@@ -57,8 +59,10 @@ def load_migrations(directory: Traversable = MIGRATIONS) -> list[Migration]:
     return found
 
 
-def migrate(conninfo: str, directory: Traversable = MIGRATIONS) -> list[str]:
-    """Applies every migration not yet recorded in `sa_schema_migration`, recording its checksum.
+def migrate(conninfo: str, directory: Traversable = MIGRATIONS,
+            functions: Traversable = FUNCTIONS) -> list[str]:
+    """Applies every migration not yet recorded in `sa_schema_migration`, recording its checksum,
+    then every definition of `functions` the database does not hold exactly (one transaction).
 
     Concurrent runs are safe: the advisory lock serializes them, and the second
     one finds everything applied.
@@ -66,6 +70,7 @@ def migrate(conninfo: str, directory: Traversable = MIGRATIONS) -> list[str]:
     Args:
         conninfo: libpq URI of the target database.
         directory: folder holding the `NNNN_name.sql` files.
+        functions: folder holding today's function and trigger definitions (`NAME.sql`).
 
     Returns:
         The names applied by this call, in order.
@@ -76,6 +81,7 @@ def migrate(conninfo: str, directory: Traversable = MIGRATIONS) -> list[str]:
         psycopg.OperationalError: the database cannot be reached within CONNECT_TIMEOUT.
     """
     migrations = load_migrations(directory)
+    definitions = load_definitions(functions)
     applied: list[str] = []
     with psycopg.connect(conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
         conn.execute(q.MIGRATION_LOCK)
@@ -98,6 +104,10 @@ def migrate(conninfo: str, directory: Traversable = MIGRATIONS) -> list[str]:
                 for migration in migrations:
                     conn.execute(q.MIGRATION_CHECKSUM_FILL,
                                  {"checksum": migration.checksum, "name": migration.name})
+            with conn.transaction():
+                for definition in drift(conn, definitions):
+                    conn.execute(definition.sql.encode())
+                    log.info("migration.function_defined", name=definition.name)
         finally:
             conn.execute(q.MIGRATION_UNLOCK)
     return applied

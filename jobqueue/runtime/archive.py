@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection, borrow
 from jobqueue.core.queries import archive as q
 from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
+from jobqueue.engine.isolation import write_isolated
 
 __all__ = ["ArchiveCounts", "ArchiveCursor", "Archiver"]
 
@@ -127,7 +128,7 @@ class Archiver:
                         {"before": before, "limit": cfg.batch_size, **cursor},
                     ).fetchone()
                     assert picked is not None
-                    batch = self._move(conn, picked["job_ids"], picked["prompts"], dry_run)
+                    batch = self._move_families(conn, picked, dry_run)
                 total += batch
                 if self.on_batch is not None:
                     self.on_batch(batch)
@@ -144,6 +145,24 @@ class Archiver:
                      jobs=total.jobs, events=total.events, ledger=total.ledger,
                      prompts=total.prompts, batches=total.batches)
         return total
+
+    def _move_families(self, conn: DictConnection, picked: dict[str, Any],
+                       dry_run: bool) -> ArchiveCounts:
+        """Moves the batch's families together, or apart around one that cannot be moved (it stays,
+        logged, and a later pass tries it again)."""
+        families: dict[uuid.UUID, list[uuid.UUID]] = {}
+        for job_id, prompt_id in zip(picked["job_ids"], picked["job_prompt_ids"], strict=True):
+            families.setdefault(prompt_id, []).append(job_id)
+
+        def move(c: DictConnection, part: Sequence[list[uuid.UUID]]) -> list[ArchiveCounts]:
+            return [self._move(c, [j for family in part for j in family], len(part), dry_run)]
+
+        done = write_isolated(conn, list(families.values()), move)
+        for family, exc in done.failed:
+            log.error("archive.family_failed", jobs=[str(j) for j in family],
+                      sqlstate=exc.sqlstate, error=str(exc).strip()[:500])
+        moved = sum(done.rows, ArchiveCounts())
+        return replace(moved, batches=1, resume_after=None)
 
     @staticmethod
     def _move(

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import psycopg
-import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
@@ -33,8 +32,6 @@ FINISH_WAIT = 300.0
 class FinishTimeout(Exception):
     """A finalize was not written in time; the job stays running and the reclaimer takes it back."""
 
-log = structlog.get_logger(__name__)
-
 T = TypeVar("T")
 
 
@@ -52,9 +49,8 @@ class Completer:
     PERF: River's batch completer idea. A job thread hands its finalize over and waits; one
     thread writes everything waiting in one transaction, so under load many jobs share a commit
     and idle workers pay no extra wait (a batch is whatever queued up during the last write).
-    Each job keeps its own claim guard inside the batch (see finalize.finish). A batch that
-    fails on something other than the connection is split and written job by job, so one bad
-    job cannot fail its neighbours.
+    Each job keeps its own claim guard inside the batch, and a job whose outcome cannot be
+    written is set apart from its neighbours (see finalize.finish).
     """
 
     def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
@@ -127,11 +123,6 @@ class Completer:
         try:
             won = _with_retries(lambda: finalize.finish(self._pool, [p.finish for p in batch]))
         except Exception as exc:
-            if len(batch) > 1 and not isinstance(exc, psycopg.OperationalError):
-                log.warning("completer.batch_split", jobs=len(batch), error=str(exc))
-                for pending in batch:
-                    self._write([pending])
-                return
             for pending in batch:
                 pending.error = exc
                 pending.done.set()

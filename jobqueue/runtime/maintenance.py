@@ -1,9 +1,11 @@
-"""The maintenance leader: one runner, elected by a session advisory lock, runs reclaim and retention.
+"""The maintenance leader: one runner, elected by a session advisory lock, runs reclaim, the chain
+sweep and retention.
 
 Every long-running worker starts a `MaintenanceLeader`. Each one competes for a fixed
 advisory lock on its own dedicated connection (a session lock belongs to one backend, so a
 pooled connection would not do); the one holding it runs `Reclaimer.run_once()` on that
-connection every `reclaim_interval`, jittered, and `Retention.run_once()` every
+connection every `reclaim_interval`, jittered, then `chains.sweep()` (chains left waiting on a
+job that already ended), and `Retention.run_once()` every
 `retention_interval` (and at once when it becomes leader). When the holder dies or its connection breaks,
 Postgres releases the lock and another worker takes the role at its next attempt. No system
 cron is needed, and however many workers run, one acts at a time.
@@ -31,6 +33,7 @@ from psycopg.rows import dict_row
 from jobqueue.core.db import SESSION_SETTINGS, DictConnection
 from jobqueue.core.queries import maintenance as q
 from jobqueue.core.settings import Settings
+from jobqueue.engine import chains
 from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
 from jobqueue.runtime.retention import Retention, RetentionCounts
 
@@ -125,6 +128,7 @@ class MaintenanceLeader:
         self.retention_rounds = 0
         self.errors = 0
         self.last_counts: ReclaimCounts | None = None
+        self.last_settled: chains.Settled | None = None
         self.last_retention: RetentionCounts | None = None
         self.keepalives: dict[str, str] = {}
         self._retention_due = 0.0
@@ -215,6 +219,7 @@ class MaintenanceLeader:
             if not self._leader and not self._try_lock(conn):
                 return cfg.lock_retry_interval
             counts = Reclaimer(conn, self.reclaim).run_once()
+            self.last_settled = chains.sweep(conn)
             self.last_counts = counts
             self.rounds += 1
             if self.on_round is not None:

@@ -32,13 +32,16 @@ class JobCancel:
 class PromptRetry:
     """Retries a prompt's latest job: 202 with the new job that supersedes it."""
 
-    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+    def __init__(self, pool: ConnectionPool[DictConnection], max_queued: int = 0) -> None:
         self._pool = pool
+        self._max_queued = max_queued
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, prompt_id: uuid.UUID) -> None:
-        """Queues the new job; 409 while the latest job is still active, 404 for unknown prompts."""
+        """Queues the new job (and re-arms its chain); 409 while the latest job is still active,
+        404 for unknown prompts, 429 when the org's queue cap would be passed."""
         parse_no_body(req.get_media(default_when_empty=None))
-        retried = retry_prompt(self._pool, prompt_id, req.context.caller)
+        retried = retry_prompt(self._pool, prompt_id, req.context.caller,
+                               max_queued=self._max_queued)
         resp.status = falcon.HTTP_202
         resp.location = f"{req.root_path}{API_PREFIX}/jobs/{retried.job_id}"
         resp.media = retried.as_dict()

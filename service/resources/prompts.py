@@ -38,6 +38,7 @@ class PromptCollection:
         self._hub = hub
         self._max_chars = settings.max_prompt_chars
         self._max_queued = settings.org_max_queued
+        self._max_chain_depth = settings.chain_max_depth
         self._routes = settings.routes
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -56,6 +57,7 @@ class PromptCollection:
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
             run_at=request.run_at, delay_seconds=request.delay_seconds, after=request.after,
+            max_chain_depth=self._max_chain_depth,
         )
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")

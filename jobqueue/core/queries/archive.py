@@ -12,7 +12,8 @@ __all__ = [
 # sa_job_prompt_idx (prompt_id, created_at) for each scanned job's prompt family and
 # sa_job_supersedes_unique (supersedes) for the cross-prompt guard (0001_core_schema.sql).
 # `limit` bounds the jobs scanned, not the jobs moved; the caller pages on (created_at, id)
-# until a short page, so skipped rows are passed once and never rescanned.
+# until a short page, so skipped rows are passed once and never rescanned. `job_prompt_ids` gives
+# each job's prompt, so the caller can move the families apart when one cannot be moved.
 # NOTE: a job moves only together with every job of its prompt, and only when all of them are
 # finished (terminal) and unchanged since `before`. So a job superseded by a newer, remaining
 # one stays (sa_job.supersedes never dangles), queued and running jobs are never touched, and
@@ -64,7 +65,9 @@ SELECT (SELECT count(*) FROM scanned) AS scanned,
        (SELECT id FROM last_scanned) AS last_id,
        (SELECT count(*) FROM movable) AS prompts,
        coalesce((SELECT array_agg(f.id ORDER BY f.id)
-                   FROM family f JOIN movable USING (prompt_id)), '{}'::uuid[]) AS job_ids
+                   FROM family f JOIN movable USING (prompt_id)), '{}'::uuid[]) AS job_ids,
+       coalesce((SELECT array_agg(f.prompt_id ORDER BY f.id)
+                   FROM family f JOIN movable USING (prompt_id)), '{}'::uuid[]) AS job_prompt_ids
 """
 
 # served by sa_ledger_job_idx (job_id) (0001_core_schema.sql). Runs before JOB_ARCHIVE_MANY in the

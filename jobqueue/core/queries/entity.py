@@ -18,28 +18,33 @@ __all__ = ["ENTITY_GET", "PROMPT_INSERT_WITH_JOB", "PROMPT_INSERT_WITH_JOB_MANY"
 # - A scheduled prompt (`run_at`, or `delay_seconds` from the database's now) waits queued with
 #   that scheduled_for; the claim skips it until then (sa_job_claim_idx orders by it).
 # - With `after` (a job id, or a prompt id meaning its latest job; sa_job_pkey or
-#   sa_job_prompt_idx), the predecessor must be of the org and not failed, cancelled or
-#   superseded (`after_state`). Still active: the job waits (scheduled_for `waiting_until`) until
-#   the predecessor's end settles it (trigger sa_job_settle_dependents, 0015_settle_by_predecessor.sql).
+#   sa_job_prompt_idx), the predecessor must be of the org, not failed, cancelled or superseded
+#   (`after_state`), and fewer than `max_chain_depth` links from its chain's first job
+#   (`depth_ok`). Still active: the job is `waiting` until the predecessor's end settles it
+#   (jobqueue/engine/chains.py); the predecessor is locked FOR SHARE, so its end commits either
+#   before this statement reads it or after this job exists, and the settling sees the job.
 #   Already succeeded: it is due at once and, unless `parent_id` is given, its prompt continues
-#   the predecessor's thread (the response is its parent).
+#   the predecessor's thread (the response is its parent). Either way it runs no sooner than
+#   `run_at` or `delay_seconds` ask.
 # The answer is always one row: the gate's verdicts and the job's columns (NULL when nothing was
 # written), so the caller tells "unknown parent", "queue full" and "key taken" apart.
 # PERF: the org checks on rows found by id take the guard form queries/job.py explains: with
 # `org_id = ...` the planner may walk every row of the org (an index led by org_id) to find one
 # id, as it did for the parent on a table never analyzed.
 PROMPT_INSERT_WITH_JOB = """
-WITH pred AS (
-    (SELECT j.id, j.state, j.response_id
-       FROM sa_job j
-      WHERE j.id = %(after)s AND j.org_id IS NOT DISTINCT FROM %(org_id)s)
-    UNION ALL
-    (SELECT j.id, j.state, j.response_id
-       FROM sa_job j
-      WHERE j.prompt_id = %(after)s AND j.org_id IS NOT DISTINCT FROM %(org_id)s
-      ORDER BY j.created_at DESC
-      LIMIT 1)
-    LIMIT 1
+WITH target AS (
+    SELECT coalesce(
+        (SELECT j.id FROM sa_job j
+          WHERE j.id = %(after)s AND j.org_id IS NOT DISTINCT FROM %(org_id)s),
+        (SELECT j.id FROM sa_job j
+          WHERE j.prompt_id = %(after)s AND j.org_id IS NOT DISTINCT FROM %(org_id)s
+          ORDER BY j.created_at DESC
+          LIMIT 1)) AS id
+), pred AS (
+    SELECT j.id, j.state, j.response_id, j.chain_depth
+      FROM sa_job j
+     WHERE j.id = (SELECT id FROM target)
+       FOR SHARE
 ), parent AS (
     SELECT e.id, e.correlation_id
       FROM sa_entity e
@@ -50,6 +55,7 @@ WITH pred AS (
     SELECT %(org_id)s::bigint AS org_id, %(user_id)s::bigint AS user_id,
            (%(parent_id)s::uuid IS NULL OR EXISTS (SELECT 1 FROM parent)) AS parent_ok,
            (SELECT state FROM pred) AS after_state,
+           coalesce((SELECT chain_depth FROM pred) < %(max_chain_depth)s, true) AS depth_ok,
            (%(max_queued)s = 0
             OR (SELECT count(*)
                   FROM (SELECT 1
@@ -61,7 +67,8 @@ WITH pred AS (
     SELECT gate.org_id, gate.user_id, %(idempotency_key)s, %(request_hash)s, %(prompt_id)s,
            %(job_id)s
       FROM gate
-     WHERE gate.parent_ok AND gate.under_cap AND %(idempotency_key)s::text IS NOT NULL
+     WHERE gate.parent_ok AND gate.under_cap AND gate.depth_ok
+       AND %(idempotency_key)s::text IS NOT NULL
        AND (%(after)s::uuid IS NULL
             OR gate.after_state IN ('queued', 'running', 'succeeded'))
         ON CONFLICT (org_id, user_id, key) DO UPDATE
@@ -76,27 +83,26 @@ WITH pred AS (
            coalesce((SELECT correlation_id FROM parent), %(prompt_id)s),
            (SELECT id FROM parent), %(text)s
       FROM gate
-     WHERE gate.parent_ok AND gate.under_cap
+     WHERE gate.parent_ok AND gate.under_cap AND gate.depth_ok
        AND (%(after)s::uuid IS NULL
             OR gate.after_state IN ('queued', 'running', 'succeeded'))
        AND (%(idempotency_key)s::text IS NULL OR EXISTS (SELECT 1 FROM idempotency))
     RETURNING id, org_id, created_by
 ), job AS (
     INSERT INTO sa_job (id, prompt_id, priority, max_attempts, execution_options, org_id,
-                        created_by, supersedes, scheduled_for, after_job_id)
+                        created_by, supersedes, scheduled_for, after_job_id, waiting, chain_depth)
     SELECT %(job_id)s, prompt.id, %(priority)s, %(max_attempts)s, %(options)s, prompt.org_id,
            prompt.created_by, NULL,
-           CASE WHEN pred.state IN ('queued', 'running') THEN %(waiting_until)s::timestamptz
-                ELSE coalesce(%(run_at)s::timestamptz,
-                              now() + make_interval(secs => coalesce(%(delay_seconds)s::int, 0)))
-           END,
-           pred.id
+           coalesce(%(run_at)s::timestamptz,
+                    now() + make_interval(secs => coalesce(%(delay_seconds)s::int, 0))),
+           pred.id, coalesce(pred.state IN ('queued', 'running'), false),
+           coalesce(pred.chain_depth + 1, 0)
       FROM prompt
       LEFT JOIN pred ON true
-    RETURNING id, prompt_id, state, created_at, scheduled_for
+    RETURNING id, prompt_id, state, created_at, scheduled_for, waiting
 )
-SELECT gate.parent_ok, gate.under_cap, gate.after_state, job.id, job.prompt_id, job.state,
-       job.created_at, job.scheduled_for
+SELECT gate.parent_ok, gate.under_cap, gate.after_state, gate.depth_ok, job.id, job.prompt_id,
+       job.state, job.created_at, job.scheduled_for, job.waiting
   FROM gate
   LEFT JOIN job ON true
 """

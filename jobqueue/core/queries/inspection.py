@@ -91,12 +91,14 @@ SELECT org_id, state, count(*) AS jobs
  ORDER BY org_id, state
 """
 
-# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued': only the backlog
-# is read. Age counts from the due time, as the sa_job_oldest_queued_seconds gauge does.
+# served by sa_job_org_queued_idx (org_id) WHERE state = 'queued': only the backlog is read. Age
+# counts from the due time, as the sa_job_oldest_queued_seconds gauge does; a job waiting for its
+# predecessor is not due.
 JOB_OLDEST_QUEUED_BY_ORG = """
 SELECT org_id,
-       count(*) FILTER (WHERE scheduled_for <= now()) AS due,
-       coalesce(extract(epoch FROM now() - min(scheduled_for) FILTER (WHERE scheduled_for <= now())),
+       count(*) FILTER (WHERE scheduled_for <= now() AND NOT waiting) AS due,
+       coalesce(extract(epoch FROM now() - min(scheduled_for)
+                                  FILTER (WHERE scheduled_for <= now() AND NOT waiting)),
                 0)::float8 AS oldest_queued_seconds
   FROM sa_job
  WHERE state = 'queued'

@@ -6,9 +6,11 @@ __all__ = [
     "JOB_CLAIM_MANY",
     "JOB_CLAIM_MANY_ORG_CAPPED",
     "JOB_COLUMNS",
+    "JOB_COUNT_QUEUED_FOR_ORG_CAPPED",
     "JOB_GET",
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
+    "JOB_LIST_CLAIMED",
     "JOB_LIST_FOR_PROMPT",
     "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
@@ -105,8 +107,9 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 # Fair sharing: within a priority, orgs take turns. `orgs` lists the orgs with queued work by a
 # loose index scan of sa_job_org_queued_idx (org_id) WHERE state = 'queued' (0004), one probe
 # per org; `heads` reads each org's first `limit` claimable jobs in (priority, scheduled_for)
-# order from sa_job_org_claim_idx (org_id, priority, scheduled_for) WHERE state = 'queued'
-# (0014), numbering them per priority (`turn`, from the index order: no sort of the backlog);
+# order from sa_job_org_claim_idx (org_id, priority, scheduled_for) WHERE state = 'queued' AND
+# NOT waiting (0016: a job waiting for its predecessor is never claimable), numbering them per
+# priority (`turn`, from the index order: no sort of the backlog);
 # `picked` takes, most urgent priority first, every org's first turn, then every org's second,
 # ..., oldest first within a turn, up to the caller's free slots, and locks them by sa_job_pkey.
 # SKIP LOCKED keeps concurrent claimers disjoint (a head another claimer holds is skipped, not
@@ -138,6 +141,7 @@ WITH RECURSIVE orgs AS (
                   row_number() OVER (PARTITION BY j.priority ORDER BY j.scheduled_for) AS turn
              FROM sa_job j
             WHERE j.state = 'queued'
+              AND NOT j.waiting
               AND j.org_id = orgs.org_id
               AND j.priority <= %(ceiling)s
               AND j.scheduled_for <= now()
@@ -177,6 +181,7 @@ WITH running AS (
            row_number() OVER (PARTITION BY q.org_id ORDER BY q.priority, q.scheduled_for) AS rank
       FROM sa_job q LEFT JOIN running r USING (org_id)
      WHERE q.state = 'queued'
+       AND NOT q.waiting
        AND q.priority <= %(ceiling)s
        AND q.scheduled_for <= now()
 ), picked AS (
@@ -207,12 +212,10 @@ WITH running AS (
 # A streamed attempt's partial text (sa_job_partial) goes with its finalize, whatever the
 # outcome: only a succeeded attempt's text becomes a response. Every job written gets its ledger
 # row, unless no provider call was made (latency_ms null: a job put back because its route was
-# already paused). A job's waiting dependents (`after`) are released or ended by trigger
-# sa_job_settle_dependents (0015_settle_by_predecessor.sql) in this same statement; `dependents` counts them
-# (the statement's snapshot predates the trigger's writes), served by sa_job_after_idx. The
-# statement fails as a whole if any insert does (the completer then splits the batch). The
-# answer is (id, attempt, to_state, dependents) per job written, with
-# the attempt it was claimed at.
+# already paused). `dependents` says whether jobs wait on it (`after`; sa_job_waiting_idx), which
+# the engine then settles (jobqueue/engine/chains.py). The statement fails as a whole if any
+# insert does (jobqueue/engine/isolation.py then splits the batch). The answer is (id, attempt,
+# to_state, dependents) per job written, with the attempt it was claimed at.
 # PERF: one statement, so one round trip and one commit for a whole mixed batch.
 JOB_SET_STATE_IF_RUNNING_MANY = """
 WITH done AS (
@@ -278,9 +281,7 @@ WITH done AS (
     DELETE FROM sa_job_partial p USING job WHERE p.job_id = job.id
 )
 SELECT id, attempt, to_state,
-       (SELECT count(*) FILTER (WHERE d.state = 'queued'
-                                  AND d.scheduled_for = '9999-12-31 00:00:00+00')
-          FROM sa_job d WHERE d.after_job_id = job.id) AS dependents
+       EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = job.id AND d.waiting) AS dependents
   FROM job
 """
 
@@ -310,13 +311,21 @@ UPDATE sa_job
 RETURNING id, attempt
 """
 
-# served by sa_job_worker_claim_idx. Used at shutdown: a job the worker could not finish in
-# its grace period goes back to the queue without spending an attempt (not its fault).
+# served by sa_job_worker_claim_idx (worker_claim) WHERE state = 'running': the jobs a worker
+# still holds, read at shutdown before JOB_RELEASE_MANY_IF_CLAIMED puts them back.
+JOB_LIST_CLAIMED = """
+SELECT id, org_id FROM sa_job WHERE state = 'running' AND worker_claim = %(claim)s
+"""
+
+# served by sa_job_pkey (id). Used at shutdown: a job the worker could not finish in its grace
+# period goes back to the queue without spending an attempt (not its fault). By id, so a job
+# that cannot be written is set apart from the others (jobqueue/engine/isolation.py).
 JOB_RELEASE_MANY_IF_CLAIMED = """
 UPDATE sa_job
    SET state = 'queued', worker_claim = NULL, running_heartbeat_at = NULL,
        scheduled_for = now()
- WHERE state = 'running' AND worker_claim = %(claim)s
+ WHERE id = ANY(%(job_ids)s::uuid[]) AND state IS NOT DISTINCT FROM 'running'
+   AND worker_claim = %(claim)s
 RETURNING id, prompt_id, org_id, attempt
 """
 
@@ -338,7 +347,7 @@ JOB_GET = (
     "SELECT "
     + JOB_COLUMNS
     + _READ_COLUMNS
-    + """, after_job_id
+    + """, after_job_id, waiting
   FROM sa_job
  WHERE id = %(job_id)s AND org_id = %(org_id)s
 """
@@ -359,8 +368,9 @@ JOB_LIST_FOR_PROMPT = (
 # served by sa_job_pkey (id). Locks the row first so a concurrent claim either lands before
 # (and we cancel the running job) or after (and finds it cancelled). Answers the columns of the
 # row it locked, with `changed`, so the caller picks 200 or 409 without a second query and an
-# unchanged job shows its latest state. `org_id` NULL is the operator's cancel (any org); API
-# callers always pass theirs.
+# unchanged job shows its latest state, and whether jobs wait on it (sa_job_waiting_idx), which the
+# engine then settles. `org_id` NULL is the operator's cancel (any org); API callers always pass
+# theirs.
 JOB_CANCEL_IF_ACTIVE = (
     "WITH target AS (SELECT "
     + JOB_COLUMNS
@@ -370,21 +380,30 @@ JOB_CANCEL_IF_ACTIVE = (
        FOR UPDATE
 ), cancelled AS (
     UPDATE sa_job j
-       SET state = 'cancelled', finished_at = now(), error_message = %(reason)s
+       SET state = 'cancelled', waiting = false, finished_at = now(), error_message = %(reason)s
       FROM target
      WHERE j.id = target.id AND target.state IN ('queued', 'running')
     RETURNING j.*
 )
 SELECT true AS changed, """
     + JOB_COLUMNS
-    + """ FROM cancelled
+    + """, EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = cancelled.id AND d.waiting)
+           AS dependents
+  FROM cancelled
 UNION ALL
 SELECT false AS changed, """
     + JOB_COLUMNS
-    + """ FROM target
+    + """, false AS dependents FROM target
  WHERE NOT EXISTS (SELECT 1 FROM cancelled)
 """
 )
+
+# served by sa_job_org_queued_idx (org_id) WHERE state = 'queued' (0004_idempotency.sql), read no
+# further than `cap` entries: the org's queued jobs (waiting ones included) against its cap.
+JOB_COUNT_QUEUED_FOR_ORG_CAPPED = """
+SELECT count(*) AS queued
+  FROM (SELECT 1 FROM sa_job WHERE org_id = %(org_id)s AND state = 'queued' LIMIT %(cap)s) AS capped
+"""
 
 # NOTE: the shared body of the user retry. `old` is the locked job being retried (one row at
 # most). Only a finished job that was never superseded moves to 'superseded', and the new

@@ -36,13 +36,15 @@ MAINTENANCE_SET_STATEMENT_TIMEOUT = "SELECT set_config('statement_timeout', %(ti
 # that may have to leave `running` (spec §5/§8): heartbeat older than `stale_after`, or attempt
 # started `stuck_after` ago or more, heartbeat or not. jobqueue/core/policy.py's decide_reclaim
 # decides each one; this statement only narrows the read to a superset of what it acts on.
+# A quarantined job (sa_job_quarantine_pkey, one probe per candidate) is left out: no write to it
+# succeeds (jobqueue/engine/quarantine.py).
 # NOTE: no lock is taken: the write (JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE) re-checks every
 # condition against `as_of`, so a job that finished, was re-claimed or heartbeated meanwhile is
 # left alone. `now` moves only the comparisons (tests pass a future instant).
 # PERF: a job stuck while heartbeating sits at the fresh end of the index, so a round scans
 # every running job's index entry; their number is bounded by the workers' slots.
 JOB_LIST_RECLAIMABLE_PAGE = """
-SELECT id, worker_claim, attempt, max_attempts, started_at,
+SELECT id, org_id, worker_claim, attempt, max_attempts, started_at,
        running_heartbeat_at AS last_heartbeat,
        coalesce(%(now)s::timestamptz, now()) AS as_of
   FROM sa_job
@@ -53,6 +55,7 @@ SELECT id, worker_claim, attempt, max_attempts, started_at,
                                - make_interval(secs => %(stale_after)s)
         OR started_at <= coalesce(%(now)s::timestamptz, now())
                          - make_interval(secs => %(stuck_after)s))
+   AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine q WHERE q.job_id = sa_job.id)
  ORDER BY running_heartbeat_at, id
  LIMIT %(limit)s
 """

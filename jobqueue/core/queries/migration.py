@@ -1,6 +1,8 @@
 """Statements of the migration runner."""
 
 __all__ = [
+    "FUNCTION_AND_TRIGGER_LIST_OWN",
+    "FUNCTION_SOURCE",
     "MIGRATION_CHECKSUM_FILL",
     "MIGRATION_CHECKSUM_LIST",
     "MIGRATION_LEDGER_EXISTS",
@@ -8,6 +10,7 @@ __all__ = [
     "MIGRATION_LOCK",
     "MIGRATION_RECORD",
     "MIGRATION_UNLOCK",
+    "TRIGGER_DEFINITION",
 ]
 
 # NOTE: 0001 creates the ledger table itself; before it ran, there is nothing to list.
@@ -31,3 +34,24 @@ MIGRATION_CHECKSUM_FILL = (
 # NOTE: a fixed key ('sa-core migrate'), shared by every process that may migrate.
 MIGRATION_LOCK = "SELECT pg_advisory_lock(hashtext('sa-core migrate'))"
 MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(hashtext('sa-core migrate'))"
+
+# NOTE: catalog reads of jobqueue/operator/db_functions.py (a handful of rows). The service's own
+# functions and triggers are named sa_*; only those in the public schema count.
+FUNCTION_SOURCE = """
+SELECT prosrc FROM pg_proc
+ WHERE proname = %(name)s AND pronamespace = 'public'::regnamespace
+"""
+
+TRIGGER_DEFINITION = """
+SELECT pg_get_triggerdef(t.oid)
+  FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE t.tgname = %(name)s AND NOT t.tgisinternal AND c.relnamespace = 'public'::regnamespace
+"""
+
+FUNCTION_AND_TRIGGER_LIST_OWN = """
+SELECT proname FROM pg_proc
+ WHERE pronamespace = 'public'::regnamespace AND proname LIKE 'sa\\_%%'
+UNION ALL
+SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
+ WHERE NOT t.tgisinternal AND c.relnamespace = 'public'::regnamespace AND t.tgname LIKE 'sa\\_%%'
+"""

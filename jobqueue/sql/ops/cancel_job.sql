@@ -5,7 +5,9 @@
 -- Same effect as `sa-core cancel-job ID`: queued|running -> cancelled, finished_at and
 -- error_message set, one sa_job_event row written by the trigger and NOTIFYed below. A running job's
 -- worker loses its claim: its heartbeat abandons the provider call and its conditional finalize
--- writes nothing (no response, ledger or audit row).
+-- writes nothing (no response, ledger or audit row). Jobs waiting on it (`after`) are cancelled
+-- by the maintenance leader's next round (jobqueue/engine/chains.py, `sweep`); `sa-core
+-- cancel-job` cancels them at once.
 --
 -- Nothing here checks the state: the transition trigger sa_job_guard (0001_core_schema.sql)
 -- does, exactly as it does for the code, so a finished job is refused with its message
@@ -31,7 +33,7 @@ BEGIN;
 
 -- served by sa_job_pkey (id); the row lock makes a concurrent claim or finalize go first or after.
 UPDATE sa_job
-   SET state = 'cancelled', finished_at = now(), error_message = :'reason'
+   SET state = 'cancelled', waiting = false, finished_at = now(), error_message = :'reason'
  WHERE id = :'job_id'
 RETURNING id AS job_id, prompt_id, org_id, state, attempt, max_attempts,
           worker_claim AS claim_dropped;

@@ -34,15 +34,15 @@ SELECT CASE WHEN GROUPING(org_id) = 1 THEN 'all' ELSE org_id::text END AS org_id
  GROUP BY GROUPING SETS ((), (org_id))
  ORDER BY GROUPING(org_id) DESC, sa_job.org_id;
 
-\echo 'claimable backlog (queued and due) and its oldest job, by due time'
--- served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued'
+\echo 'claimable backlog (queued, due, not waiting for a predecessor) and its oldest job, by due time'
+-- served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued' AND NOT waiting
 SELECT CASE WHEN GROUPING(org_id) = 1 THEN 'all' ELSE org_id::text END AS org_id,
        count(*) FILTER (WHERE scheduled_for <= now()) AS due,
        round(coalesce(extract(epoch FROM now() - min(scheduled_for)
                                             FILTER (WHERE scheduled_for <= now())), 0), 3)
            AS oldest_queued_seconds
   FROM sa_job
- WHERE state = 'queued'
+ WHERE state = 'queued' AND NOT waiting
  GROUP BY GROUPING SETS ((), (org_id))
  ORDER BY GROUPING(org_id) DESC, sa_job.org_id;
 
