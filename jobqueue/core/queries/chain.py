@@ -1,4 +1,11 @@
-"""Statements of chains (`after`): settle a finished job's waiting dependents, re-arm them on retry."""
+"""Statements of chains (`after`): settle a finished job's waiting dependents, re-arm them on retry.
+
+PERF: each step from a job to the jobs after it is a LATERAL subquery with OFFSET 0, which the
+planner cannot flatten into a join: it stays one probe of sa_job_waiting_idx (or
+sa_job_after_idx) per job, whatever the statistics say. Written as a join, a re-arm of 10,000
+links read the whole of sa_job_after_idx once per link (170 s) on a table never analyzed, where
+the probes take 0.1 s (tests/test_plans.py).
+"""
 
 __all__ = [
     "JOB_CANCEL_DEPENDENTS_MANY",
@@ -23,8 +30,9 @@ WITH pred AS (
      WHERE p.id = ANY(%(job_ids)s::uuid[]) AND p.state IS NOT DISTINCT FROM 'succeeded'
 ), dep AS (
     SELECT d.id, d.prompt_id, pred.id AS predecessor, pred.response_id
-      FROM pred JOIN sa_job d ON d.after_job_id = pred.id
-     WHERE d.waiting
+      FROM pred
+     CROSS JOIN LATERAL (SELECT w.id, w.prompt_id FROM sa_job w
+                          WHERE w.after_job_id = pred.id AND w.waiting OFFSET 0) AS d
 ), thread AS (
     UPDATE sa_entity e
        SET parent_id = r.id, causation_id = r.id, correlation_id = r.correlation_id
@@ -54,12 +62,14 @@ WITH RECURSIVE root AS (
        AND p.state IN ('failed', 'cancelled', 'superseded')
 ), doomed AS (
     SELECT d.id, root.id AS root, root.state AS root_state
-      FROM root JOIN sa_job d ON d.after_job_id = root.id
-     WHERE d.waiting
+      FROM root
+     CROSS JOIN LATERAL (SELECT w.id FROM sa_job w
+                          WHERE w.after_job_id = root.id AND w.waiting OFFSET 0) AS d
     UNION ALL
     SELECT d.id, doomed.root, doomed.root_state
-      FROM doomed JOIN sa_job d ON d.after_job_id = doomed.id
-     WHERE d.waiting
+      FROM doomed
+     CROSS JOIN LATERAL (SELECT w.id FROM sa_job w
+                          WHERE w.after_job_id = doomed.id AND w.waiting OFFSET 0) AS d
 )
 UPDATE sa_job j
    SET state = 'cancelled', waiting = false, finished_at = now(),
@@ -122,10 +132,13 @@ WITH RECURSIVE ended AS (
        AND NOT EXISTS (SELECT 1 FROM sa_job s WHERE s.supersedes = d.id)
     UNION ALL
     SELECT d.id, d.after_job_id
-      FROM ended JOIN sa_job d ON d.after_job_id = ended.id
-     WHERE d.state IS NOT DISTINCT FROM 'cancelled'
-       AND d.error_kind IS NOT DISTINCT FROM 'dependency_failed'
-       AND NOT EXISTS (SELECT 1 FROM sa_job s WHERE s.supersedes = d.id)
+      FROM ended
+     CROSS JOIN LATERAL (SELECT w.id, w.after_job_id FROM sa_job w
+                          WHERE w.after_job_id = ended.id
+                            AND w.state IS NOT DISTINCT FROM 'cancelled'
+                            AND w.error_kind IS NOT DISTINCT FROM 'dependency_failed'
+                            AND NOT EXISTS (SELECT 1 FROM sa_job s WHERE s.supersedes = w.id)
+                         OFFSET 0) AS d
 ), fresh AS MATERIALIZED (
     SELECT ended.id, ended.pred, gen_random_uuid() AS new_id FROM ended
 ), superseded AS (
