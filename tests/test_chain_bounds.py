@@ -39,7 +39,7 @@ def build_chain(pool: ConnectionPool[DictConnection], caller: Caller, root_job_i
     prompt_ids = [uuid.uuid4() for _ in range(jobs)]
     job_ids = [uuid.uuid4() for _ in range(jobs)]
     root = uuid.UUID(root_job_id)
-    afters = [root] + job_ids[:-1] if deep else [root] * jobs
+    afters = [root, *job_ids[:-1]] if deep else [root] * jobs
     depths = list(range(1, jobs + 1)) if deep else [1] * jobs
     with pool.connection() as conn, conn.transaction():
         conn.execute(
