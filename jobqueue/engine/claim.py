@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import structlog
 from psycopg.types.json import set_json_loads
 from psycopg_pool import ConnectionPool
@@ -25,7 +26,7 @@ from jobqueue.core.queries import job as q
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.core.states import JobState
 from jobqueue.engine import chains, quarantine, transitions
-from jobqueue.engine.isolation import write_isolated
+from jobqueue.engine.isolation import is_connection_failure, write_isolated
 
 __all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "SENT_OPTIONS", "ClaimedJob", "Undecodable", "claim",
            "options_error"]
@@ -132,13 +133,18 @@ def claim(
     # statement; they buy a claim whose cost does not grow with the backlog (see the settings).
     with pool.connection() as conn, metrics.CLAIM_SECONDS.time(), conn.cursor() as cur:
         set_json_loads(_lenient_loads, cur)
-        with conn.transaction():
-            cur.execute(q.JOB_PLAN_SETTINGS)
-            if org_max_running > 0:
-                cur.execute(q.JOB_CLAIM_LOCK_ORG_CAPPED)
-                rows = cur.execute(q.JOB_CLAIM_MANY_ORG_CAPPED, params).fetchall()
-            else:
-                rows = cur.execute(q.JOB_CLAIM_MANY, params).fetchall()
+        capped = org_max_running > 0
+        try:
+            with conn.transaction():
+                _prepare(cur, capped)
+                rows = cur.execute(q.JOB_CLAIM_MANY_ORG_CAPPED if capped else q.JOB_CLAIM_MANY,
+                                   params).fetchall()
+        except psycopg.Error as exc:
+            if is_connection_failure(conn, exc):
+                raise
+            log.warning("claim.split", worker_id=worker_claim, sqlstate=exc.sqlstate,
+                        error=str(exc).strip()[:300])
+            rows = _claim_around(conn, cur, params, capped)
         if rows:
             wakeup.for_pool(pool).job_changed()
         for r in rows:
@@ -165,6 +171,33 @@ def claim(
     for job in jobs:
         metrics.WAIT_SECONDS.observe(max(0.0, (job.claimed_at - job.scheduled_for).total_seconds()))
     return jobs
+
+
+def _prepare(cur: psycopg.Cursor[dict[str, Any]], capped: bool) -> None:
+    """The claim transaction's first statements: the plan settings, and the org-capped lock."""
+    cur.execute(q.JOB_PLAN_SETTINGS)
+    if capped:
+        cur.execute(q.JOB_CLAIM_LOCK_ORG_CAPPED)
+
+
+def _claim_around(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]],
+                  params: dict[str, Any], capped: bool) -> list[dict[str, Any]]:
+    """Claims the jobs the failed claim would have taken, by id, around the one that cannot be
+    written, which is quarantined so no later claim chooses it again."""
+    with conn.transaction():
+        _prepare(cur, capped)
+        candidates = cur.execute(
+            q.JOB_CLAIM_CANDIDATES_ORG_CAPPED if capped else q.JOB_CLAIM_CANDIDATES,
+            params).fetchall()
+
+        def take(c: DictConnection, part: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+            return cur.execute(q.JOB_CLAIM_IDS, {**params, "job_ids": [r["id"] for r in part]},
+                               prepare=False).fetchall()
+
+        done = write_isolated(conn, candidates, take)
+        for row, exc in done.failed:
+            quarantine.set_aside(conn, row["id"], row["org_id"], "claim", exc)
+    return done.rows
 
 
 def _reject_undecodable(

@@ -19,6 +19,7 @@ from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import chains, transitions
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
+from jobqueue.engine.isolation import is_connection_failure
 
 __all__ = ["Retried", "cancel_job", "retry_job", "retry_prompt"]
 
@@ -67,13 +68,20 @@ def cancel_job(
 
     Raises:
         NotFound: no such job (in the caller's org).
-        Conflict: the job is already terminal.
+        Conflict: the job is already terminal, or the database refuses to write it.
     """
     if reason is None:
         reason = "cancelled by an operator" if org_id is None else "cancelled by a user"
     with pool.connection() as conn:
-        row = conn.execute(q.JOB_CANCEL_IF_ACTIVE, {"job_id": job_id, "org_id": org_id,
-                                                    "reason": reason}).fetchone()
+        try:
+            row = conn.execute(q.JOB_CANCEL_IF_ACTIVE, {"job_id": job_id, "org_id": org_id,
+                                                        "reason": reason}).fetchone()
+        except psycopg.Error as exc:
+            if is_connection_failure(conn, exc):
+                raise
+            # NOTE: a row no write reaches (jobqueue/engine/quarantine.py): say why, in one line.
+            raise Conflict(f"job {job_id} cannot be cancelled: the database refused the change "
+                           f"({str(exc).strip()[:300]})") from None
     if row is None:
         raise NotFound(f"job {job_id} not found")
     dependents = row.pop("dependents")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import wakeup
@@ -18,18 +17,21 @@ from jobqueue.engine.isolation import write_isolated
 
 __all__ = ["heartbeat", "release"]
 
-log = structlog.get_logger(__name__)
-
 Row = dict[str, Any]
 
 
 def heartbeat(
-    pool: ConnectionPool[DictConnection], worker_claim: str, job_ids: Iterable[uuid.UUID]
+    pool: ConnectionPool[DictConnection], worker_claim: str, jobs: Mapping[uuid.UUID, int]
 ) -> set[tuple[uuid.UUID, int]]:
     """Refreshes the heartbeat of the jobs still running under this claim, in one statement.
 
-    A job whose row cannot be written is left out (and logged), so it cannot stop the others'
-    heartbeats: the worker abandons it like a job it lost.
+    A job whose row cannot be written is quarantined, so it cannot stop the others' heartbeats:
+    the worker abandons it like a job it lost.
+
+    Args:
+        pool: database pool.
+        worker_claim: this worker's claim.
+        jobs: the jobs it holds, each with its org.
 
     Returns:
         (id, attempt) of each job still ours; a job missing was cancelled, reclaimed or finished.
@@ -39,10 +41,9 @@ def heartbeat(
                             {"job_ids": list(part), "claim": worker_claim}).fetchall()
 
     with pool.connection() as conn:
-        done = write_isolated(conn, list(job_ids), write)
-    for job_id, exc in done.failed:
-        log.error("job.heartbeat_unwritable", job_id=str(job_id), worker_id=worker_claim,
-                  sqlstate=exc.sqlstate, error=str(exc).strip()[:500])
+        done = write_isolated(conn, list(jobs), write)
+        for job_id, exc in done.failed:
+            quarantine.set_aside(conn, job_id, jobs[job_id], "heartbeat", exc)
     return {(r["id"], r["attempt"]) for r in done.rows}
 
 

@@ -169,9 +169,12 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 full = self._claim_round()
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
+                # NOTE: the claim sets apart a job it cannot write (engine/claim.py); what is left
+                # is the database's trouble, which the next round, a poll later, tries again.
                 self.claim_failures += 1
-                self.log.warning("worker.claim_failed", error=str(exc))
+                self.log.warning("worker.claim_failed", error=str(exc).strip(),
+                                 error_type=type(exc).__name__)
                 full = False
             if full and not self._stopping.is_set():
                 continue
@@ -298,7 +301,8 @@ class Worker:
             snapshot = dict(self._inflight)
         if not snapshot:
             return 0
-        alive = heartbeat(self.pool, self.worker_id, snapshot)
+        alive = heartbeat(self.pool, self.worker_id,
+                          {job_id: run.job.org_id for job_id, run in snapshot.items()})
         # NOTE: a job whose finalize began during this UPDATE is not lost: it may just have
         # committed; its own guarded write tells.
         lost = [run for run in snapshot.values()

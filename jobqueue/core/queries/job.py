@@ -2,6 +2,9 @@
 
 __all__ = [
     "JOB_CANCEL_IF_ACTIVE",
+    "JOB_CLAIM_CANDIDATES",
+    "JOB_CLAIM_CANDIDATES_ORG_CAPPED",
+    "JOB_CLAIM_IDS",
     "JOB_CLAIM_LOCK_ORG_CAPPED",
     "JOB_CLAIM_MANY",
     "JOB_CLAIM_MANY_ORG_CAPPED",
@@ -121,8 +124,9 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 # PERF: reads at most (orgs with queued work) x `limit` index entries and sorts only those, so
 # its cost grows with the number of orgs waiting, never with the backlog (tests/test_plans.py,
 # bench/fairness.py). Run under JOB_PLAN_SETTINGS.
-JOB_CLAIM_MANY = (
-    """
+# NOTE: the claim's choice, shared with JOB_CLAIM_CANDIDATES: a job set aside in
+# sa_job_quarantine (one probe of its primary key per head read) is never chosen.
+_CLAIM_CHOICE = """
 WITH RECURSIVE orgs AS (
     (SELECT org_id FROM sa_job WHERE state = 'queued' ORDER BY org_id LIMIT 1)
     UNION ALL
@@ -132,12 +136,12 @@ WITH RECURSIVE orgs AS (
       FROM orgs
      WHERE orgs.org_id IS NOT NULL
 ), heads AS (
-    SELECT head.id, head.scheduled_for, head.turn,
+    SELECT head.id, head.org_id, head.scheduled_for, head.turn,
            CASE WHEN head.scheduled_for <= now() - make_interval(secs => %(aging)s) THEN -1
                 ELSE head.priority END AS rank
       FROM orgs
      CROSS JOIN LATERAL (
-           SELECT j.id, j.priority, j.scheduled_for,
+           SELECT j.id, j.org_id, j.priority, j.scheduled_for,
                   row_number() OVER (PARTITION BY j.priority ORDER BY j.scheduled_for) AS turn
              FROM sa_job j
             WHERE j.state = 'queued'
@@ -145,15 +149,44 @@ WITH RECURSIVE orgs AS (
               AND j.org_id = orgs.org_id
               AND j.priority <= %(ceiling)s
               AND j.scheduled_for <= now()
+              AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = j.id)
             ORDER BY j.priority, j.scheduled_for
             LIMIT %(limit)s) AS head
-), picked AS (
+), chosen AS (
+    SELECT heads.id, heads.org_id
+      FROM heads
+     ORDER BY heads.rank, heads.turn, heads.scheduled_for
+     LIMIT %(limit)s
+)
+"""
+
+JOB_CLAIM_MANY = (
+    _CLAIM_CHOICE
+    + """, picked AS (
     SELECT j.id
       FROM sa_job j
-     WHERE j.id = ANY (ARRAY(SELECT heads.id FROM heads
-                              ORDER BY heads.rank, heads.turn, heads.scheduled_for
-                              LIMIT %(limit)s))
+     WHERE j.id = ANY (ARRAY(SELECT chosen.id FROM chosen))
        AND j.state IS NOT DISTINCT FROM 'queued'
+       FOR UPDATE SKIP LOCKED
+)
+"""
+    + _CLAIM_SET
+)
+
+# The jobs JOB_CLAIM_MANY would take, without taking them: when the claim statement fails on a
+# row (jobqueue/engine/claim.py), these are claimed by id around the one that cannot be written.
+JOB_CLAIM_CANDIDATES = _CLAIM_CHOICE + "SELECT id, org_id FROM chosen"
+
+# served by sa_job_pkey (id): the claim of the given jobs (JOB_CLAIM_CANDIDATES' or
+# JOB_CLAIM_CANDIDATES_ORG_CAPPED's), one part of them at a time, guarded as the claims are.
+JOB_CLAIM_IDS = (
+    """
+WITH picked AS (
+    SELECT j.id
+      FROM sa_job j
+     WHERE j.id = ANY (%(job_ids)s::uuid[])
+       AND j.state IS NOT DISTINCT FROM 'queued'
+       AND j.waiting IS NOT DISTINCT FROM false
        FOR UPDATE SKIP LOCKED
 )
 """
@@ -172,19 +205,24 @@ JOB_CLAIM_LOCK_ORG_CAPPED = "SELECT pg_advisory_xact_lock(hashtext('sa-core clai
 # PERF: reads every claimable row to rank it, so its cost grows with the backlog whatever the plan
 # (the per-org rank needs them all); only used when SA_ORG_MAX_RUNNING is set. It runs under
 # JOB_PLAN_SETTINGS too, so it reads them through sa_job_claim_idx, never the table.
-JOB_CLAIM_MANY_ORG_CAPPED = (
-    """
+_CAPPED_CHOICE = """
 WITH running AS (
     SELECT org_id, count(*) AS n FROM sa_job WHERE state = 'running' GROUP BY org_id
 ), ranked AS (
-    SELECT q.id, q.priority, q.scheduled_for, coalesce(r.n, 0) AS running,
+    SELECT q.id, q.org_id, q.priority, q.scheduled_for, coalesce(r.n, 0) AS running,
            row_number() OVER (PARTITION BY q.org_id ORDER BY q.priority, q.scheduled_for) AS rank
       FROM sa_job q LEFT JOIN running r USING (org_id)
      WHERE q.state = 'queued'
        AND NOT q.waiting
        AND q.priority <= %(ceiling)s
        AND q.scheduled_for <= now()
-), picked AS (
+       AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = q.id)
+)
+"""
+
+JOB_CLAIM_MANY_ORG_CAPPED = (
+    _CAPPED_CHOICE
+    + """, picked AS (
     SELECT id FROM sa_job
      WHERE id IN (SELECT id FROM ranked WHERE running + rank <= %(org_cap)s)
        AND state = 'queued'
@@ -194,6 +232,17 @@ WITH running AS (
 )
 """
     + _CLAIM_SET
+)
+
+# JOB_CLAIM_CANDIDATES for the org-capped claim (run under its lock, JOB_CLAIM_LOCK_ORG_CAPPED).
+JOB_CLAIM_CANDIDATES_ORG_CAPPED = (
+    _CAPPED_CHOICE
+    + """
+SELECT id, org_id FROM ranked
+ WHERE running + rank <= %(org_cap)s
+ ORDER BY priority, scheduled_for
+ LIMIT %(limit)s
+"""
 )
 
 # served by sa_job_pkey (id). River's JobSetStateIfRunningMany: one statement finishes a batch of
