@@ -35,7 +35,7 @@ from bench.common import format_table, scratch_database
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.wakeup import WakeupSender
-from jobqueue.operator.migrate import MIGRATIONS
+from jobqueue.schema.migrate import MIGRATIONS
 
 TRIGGER_0005 = (MIGRATIONS / "0005_notify_channels.sql").read_text()
 TRIGGER_0006 = (MIGRATIONS / "0006_notify_out_of_band.sql").read_text()

@@ -16,19 +16,14 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
-from jobqueue.core.listener import NotificationListener
-from jobqueue.core.policy import BackoffConfig
-from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller, create_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
-from jobqueue.runtime.completer import Completer
-from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.assembly import AssembledWorker, assemble_worker, worker_config
 from jobqueue.runtime.provider import RoutedProviders
-from jobqueue.runtime.worker import Worker, WorkerConfig
+from jobqueue.runtime.worker import Worker
 from service.app import create_app
 from service.event_hub import EventHub
 
@@ -187,49 +182,33 @@ class WorkerHarness:
                                                settings.provider_connect_timeout,
                                                settings.provider_read_timeout)
         self._running: list[tuple[Worker, threading.Thread]] = []
-        self._listeners: list[NotificationListener] = []
-        self._completers: list[Completer] = []
+        self._parts: list[AssembledWorker] = []
 
     def build(self, **config: Any) -> Worker:
-        base = WorkerConfig(
-            poll_interval=self.settings.poll_interval,
-            heartbeat_interval=self.settings.heartbeat_interval,
-            shutdown_grace=self.settings.shutdown_grace,
-        )
-        backoff = BackoffConfig(base=self.settings.backoff_base, cap=self.settings.backoff_cap,
-                                rate_limit_min_wait=self.settings.rate_limit_min_wait)
-        completer = Completer(self.pool)
-        self._completers.append(completer)
-        gate = RouteGate(self.pool, refresh=self.settings.gate_refresh,
-                         window=self.settings.route_limit_window)
-        executor = Executor(completer, self.providers, backoff, gate,
-                            self.settings.throttle_max_wait, self.pool,
-                            self.settings.stream_interval)
-        return Worker(self.pool, executor, replace(base, **config))
+        parts = assemble_worker(self.settings, worker_config(self.settings, **config),
+                                pool=self.pool, providers=self.providers)
+        self._parts.append(parts)
+        return parts.worker
 
     def start(self, listen: bool = False, **config: Any) -> Worker:
-        worker = self.build(**config)
+        parts = assemble_worker(self.settings, worker_config(self.settings, **config),
+                                pool=self.pool, providers=self.providers)
+        self._parts.append(parts)
         if listen:
-            listener = NotificationListener(
-                self.settings.direct_database_url, JOB_QUEUED_LISTEN, worker.on_job_queued,
-                worker.wake).start()
-            assert listener.listening.wait(5)
-            self._listeners.append(listener)
-        thread = threading.Thread(target=worker.run, daemon=True)
+            assert parts.listen(self.settings.direct_database_url).listening.wait(5)
+        thread = threading.Thread(target=parts.worker.run, daemon=True)
         thread.start()
-        self._running.append((worker, thread))
-        return worker
+        self._running.append((parts.worker, thread))
+        return parts.worker
 
     def stop_all(self) -> None:
-        for listener in self._listeners:
-            listener.stop()
         for worker, _ in self._running:
             worker.stop()
         for _, thread in self._running:
             thread.join(timeout=10)
         self._running.clear()
-        for completer in self._completers:
-            completer.close()
+        for parts in self._parts:
+            parts.close()
         self.providers.close()
 
 

@@ -23,7 +23,7 @@ from psycopg.conninfo import make_conninfo
 from jobqueue.core.db import open_pool
 from jobqueue.core.tokens import create_token
 from jobqueue.devtools.fake_provider import FakeProvider
-from jobqueue.operator.migrate import migrate
+from jobqueue.schema.migrate import migrate
 from sa_core.client import API_PREFIX, ApiError, AsyncClient, Client, Event, WaitTimeout
 from tests.conftest import wait_for
 from tests.helpers import answers

@@ -10,7 +10,7 @@ import pytest
 
 from jobqueue.core.settings import Settings
 from jobqueue.engine.claim import claim
-from jobqueue.operator.cli import build_worker
+from jobqueue.runtime.assembly import assemble_worker
 from jobqueue.runtime.worker import Worker, WorkerConfig
 
 __all__: list[str] = []
@@ -18,10 +18,10 @@ __all__: list[str] = []
 
 @pytest.fixture
 def worker(settings: Settings) -> Iterator[Worker]:
-    built, close = build_worker(replace(settings, statement_timeout=0.5, lock_timeout=0.2),
-                                WorkerConfig())
-    yield built
-    close()
+    parts = assemble_worker(replace(settings, statement_timeout=0.5, lock_timeout=0.2),
+                            WorkerConfig())
+    yield parts.worker
+    parts.close()
 
 
 def test_worker_sessions_carry_the_configured_timeouts(worker: Worker) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import psycopg
 
-from jobqueue.operator.db_functions import drift, load_definitions, undeclared
-from jobqueue.operator.migrate import migrate
+from jobqueue.schema.functions import drift, load_definitions, undeclared
+from jobqueue.schema.migrate import migrate
 
 DEFINITIONS = load_definitions()
 

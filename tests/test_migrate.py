@@ -10,7 +10,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from jobqueue.operator.migrate import MIGRATIONS, MigrationError, migrate
+from jobqueue.schema.migrate import MIGRATIONS, MigrationError, migrate
 
 SHIPPED = Path(str(MIGRATIONS))
 

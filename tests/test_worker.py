@@ -25,8 +25,8 @@ from jobqueue.core.tokens import Caller
 from jobqueue.engine import finalize
 from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.enqueue import enqueue
-from jobqueue.operator.migrate import migrate
 from jobqueue.runtime.completer import Completer
+from jobqueue.schema.migrate import migrate
 from tests.conftest import fetch_all, fetch_one, wait_for
 from tests.helpers import submit
 

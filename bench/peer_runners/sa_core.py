@@ -47,18 +47,14 @@ import psycopg
 from bench.common import VENV_BIN, spawn, wait_http
 from bench.peer_runners._runner import WARMUP_JOBS, build_parser, emit
 from jobqueue.core.db import open_pool
-from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
-from jobqueue.core.policy import BackoffConfig
-from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.routes import Route, Routes
+from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
-from jobqueue.runtime.completer import Completer
-from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.assembly import assemble_worker
 from jobqueue.runtime.provider import Completion, Provider, RoutedProviders
-from jobqueue.runtime.worker import Worker, WorkerConfig
+from jobqueue.runtime.worker import WorkerConfig
 
 CALLER = Caller(org_id=1, user_id=1)
 EVENT_TIMEOUT = 60.0
@@ -213,19 +209,15 @@ class Runner:
         self.stops.append(lambda: _end(worker))
 
     def _start_in_process(self) -> None:
-        pool = open_pool(self.url, name="worker", max_size=4)
-        self.stops.append(pool.close)
-        completer = Completer(pool)
-        self.stops.append(completer.close)
         routes = Routes((Route("default", "http://stub.invalid"),), "noop")
-        gate = RouteGate(pool, refresh=0.5, window=60.0)
-        executor = Executor(completer, RoutedProviders(routes, {"default": self.stub}),
-                            BackoffConfig(), gate, 3600.0, pool, 0.075)
-        worker = Worker(pool, executor, WorkerConfig(concurrency=self.concurrency))
-        listener = NotificationListener(self.url, JOB_QUEUED_LISTEN, worker.on_job_queued,
-                                        worker.wake).start()
-        self.stops.append(listener.stop)
-        if not listener.listening.wait(10):
+        settings = Settings(database_url=self.url, direct_database_url=self.url,
+                            provider_url="http://stub.invalid", provider_api_key="",
+                            provider_model="noop", statement_timeout=0, lock_timeout=0)
+        parts = assemble_worker(settings, WorkerConfig(concurrency=self.concurrency),
+                                providers=RoutedProviders(routes, {"default": self.stub}))
+        self.stops.append(parts.close)
+        worker = parts.worker
+        if not parts.listen(self.url).listening.wait(10):
             raise RuntimeError("listener did not start")
         thread = threading.Thread(target=worker.run, name="bench-worker", daemon=True)
         thread.start()

@@ -21,7 +21,7 @@ from jobqueue.core.db import open_pool
 from jobqueue.core.tokens import create_token
 from jobqueue.devtools.embedded_db import REPO_ROOT, database_url, start_embedded
 from jobqueue.devtools.fake_provider import FakeProvider
-from jobqueue.operator.migrate import migrate
+from jobqueue.schema.migrate import migrate
 
 __all__ = ["READY_TIMEOUT", "STOP_TIMEOUT", "run_dev"]
 

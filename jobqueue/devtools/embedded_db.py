@@ -75,7 +75,7 @@ def scratch_database(prefix: str, env_var: str, *, migrated: bool = True) -> Ite
     Yields:
         The new database's conninfo.
     """
-    from jobqueue.operator.migrate import migrate
+    from jobqueue.schema.migrate import migrate
 
     admin_url = admin_conninfo(env_var)
     name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"

@@ -12,18 +12,15 @@ patch_for_worker(sys.argv[1:])
 import argparse
 import signal
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import FrameType
 
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.db import DictConnection
 from jobqueue.core.exposition import ProcessFigures, start_worker_metrics_server
-from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import LogLevelError, configure_logging
-from jobqueue.core.policy import BackoffConfig
-from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.redact import redact
 from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.core.version import VERSION
@@ -32,15 +29,12 @@ from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.reclaim import Reclaimer
 from jobqueue.operator.cli_pool import Answer, fail, print_answer, with_cli_pool
 from jobqueue.operator.client_commands import add_client_commands, priority_arg
-from jobqueue.operator.migrate import MigrationError, migrate
 from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
-from jobqueue.runtime.completer import Completer
-from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.assembly import assemble_worker, worker_config
 from jobqueue.runtime.maintenance import MaintenanceLeader
-from jobqueue.runtime.provider import RoutedProviders
-from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
+from jobqueue.runtime.worker import DEFAULT_CONCURRENCY
+from jobqueue.schema.migrate import MigrationError, migrate
 
 __all__ = ["main"]
 
@@ -56,47 +50,13 @@ def _migrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Callable[[], None]]:
-    """Wires a worker from settings; returns it with the function that releases its resources."""
+def _run_worker(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
     if not settings.routes:
         raise UsageError("SA_PROVIDER_URL is not set, nor SA_PROVIDER_ROUTES(_FILE) "
                          "(try `sa-core fake-provider`)")
-    try:
-        providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
-                                          settings.provider_max_response_bytes,
-                                          settings.provider_connect_timeout,
-                                          settings.provider_read_timeout)
-    except ValueError as exc:
-        # NOTE: one line, no traceback: the message hides passwords, a traceback would not.
-        raise UsageError(str(exc)) from None
-    # NOTE: job slots never hold a connection: the claim loop, the heartbeat and the completer
-    # each borrow one for a statement, whatever the concurrency.
-    pool = open_pool(settings.worker_database_url, name="worker", max_size=4,
-                     prepare=settings.prepared_statements)
-    backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
-                            rate_limit_min_wait=settings.rate_limit_min_wait)
-    completer = Completer(pool)
-    gate = RouteGate(pool, refresh=settings.gate_refresh, window=settings.route_limit_window)
-    executor = Executor(completer, providers, backoff, gate, settings.throttle_max_wait, pool,
-                        settings.stream_interval)
-
-    def close() -> None:
-        completer.close()
-        providers.close()
-        pool.close()
-
-    return Worker(pool, executor, config), close
-
-
-def _run_worker(args: argparse.Namespace) -> int:
-    settings = Settings.from_env()
-    config = WorkerConfig(
-        concurrency=args.concurrency, batch_size=args.batch_size,
-        priority_ceiling=args.priority_ceiling, org_max_running=settings.org_max_running,
-        priority_aging=settings.priority_aging,
-        poll_interval=settings.poll_interval,
-        heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
-    )
+    config = worker_config(settings, concurrency=args.concurrency, batch_size=args.batch_size,
+                           priority_ceiling=args.priority_ceiling)
     figures = ProcessFigures()
     if settings.metrics_port and not args.once:
         # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
@@ -105,17 +65,20 @@ def _run_worker(args: argparse.Namespace) -> int:
             start_worker_metrics_server(settings.metrics_port, figures=figures)
         except OSError as exc:
             raise UsageError(f"SA_METRICS_PORT={settings.metrics_port}: {exc.strerror}") from None
-    worker, close = build_worker(settings, config)
+    try:
+        parts = assemble_worker(settings, config)
+    except ValueError as exc:
+        # NOTE: one line, no traceback: the message hides passwords, a traceback would not.
+        raise UsageError(str(exc)) from None
+    worker = parts.worker
     figures.add_pool(worker.pool).add(worker.report_slots)
     # NOTE: only long-running workers compete for the maintenance role; a --once run is too
     # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
     leader = None if args.once else MaintenanceLeader.from_settings(settings).start()
     # NOTE: wake-up on LISTEN/NOTIFY (the poll stays as the fallback); SA_LISTEN=0 (PgBouncer in
     # transaction mode) leaves only the poll. A --once run claims once and needs no wake-up.
-    listener = None
     if settings.listen and not args.once:
-        listener = NotificationListener(
-            settings.direct_database_url, JOB_QUEUED_LISTEN, worker.on_job_queued, worker.wake).start()
+        parts.listen(settings.direct_database_url)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         worker.stop()
@@ -125,11 +88,9 @@ def _run_worker(args: argparse.Namespace) -> int:
     try:
         worker.run(once=args.once)
     finally:
-        if listener is not None:
-            listener.stop()
         if leader is not None:
             leader.stop()
-        close()
+        parts.close()
     return 0
 
 

@@ -35,7 +35,7 @@ MIGRATION_CHECKSUM_FILL = (
 MIGRATION_LOCK = "SELECT pg_advisory_lock(hashtext('sa-core migrate'))"
 MIGRATION_UNLOCK = "SELECT pg_advisory_unlock(hashtext('sa-core migrate'))"
 
-# NOTE: catalog reads of jobqueue/operator/db_functions.py (a handful of rows). The service's own
+# NOTE: catalog reads of jobqueue/schema/functions.py (a handful of rows). The service's own
 # functions and triggers are named sa_*; only those in the public schema count.
 FUNCTION_SOURCE = """
 SELECT prosrc FROM pg_proc

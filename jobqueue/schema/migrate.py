@@ -14,8 +14,7 @@ import psycopg
 import structlog
 
 from jobqueue.core.queries import migration as q
-from jobqueue.operator.cli_pool import CONNECT_TIMEOUT
-from jobqueue.operator.db_functions import FUNCTIONS, drift, load_definitions
+from jobqueue.schema.functions import FUNCTIONS, drift, load_definitions
 
 __all__ = ["MIGRATIONS", "Migration", "MigrationError", "load_migrations", "migrate"]
 
@@ -26,6 +25,9 @@ MIGRATIONS: Traversable = resources.files("jobqueue") / "sql" / "migrations"
 # filled in from the shipped files once it is there.
 _CHECKSUM_MIGRATION = "0010_migration_checksum"
 _NAME = re.compile(r"^\d{4}_[a-z0-9_]+\.sql$")
+
+# NOTE: as the command line's: a release step against a database that should answer at once.
+CONNECT_TIMEOUT = 2
 
 log = structlog.get_logger(__name__)
 

@@ -1,0 +1,113 @@
+"""One worker assembly: a worker and everything it runs with, wired from settings in one place.
+
+`sa-core run-worker`, the tests' worker harness and the benchmarks all build their workers here,
+so a collaborator added to the worker is added once. The caller may lend a pool or providers
+(tests share one fake provider between workers; a benchmark swaps in a stub); what the assembly
+opened itself, it closes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.listener import NotificationListener
+from jobqueue.core.policy import BackoffConfig
+from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
+from jobqueue.core.settings import Settings
+from jobqueue.runtime.completer import Completer
+from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.provider import RoutedProviders
+from jobqueue.runtime.worker import Worker, WorkerConfig
+
+__all__ = ["AssembledWorker", "assemble_worker", "worker_config"]
+
+# NOTE: job slots never hold a connection: the claim loop, the heartbeat and the completer each
+# borrow one for a statement, whatever the concurrency.
+_POOL_SIZE = 4
+
+
+def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
+    """The WorkerConfig the settings describe (poll, heartbeat, grace, caps), with `overrides`."""
+    return replace(WorkerConfig(
+        org_max_running=settings.org_max_running, priority_aging=settings.priority_aging,
+        poll_interval=settings.poll_interval, heartbeat_interval=settings.heartbeat_interval,
+        shutdown_grace=settings.shutdown_grace,
+    ), **overrides)
+
+
+@dataclass
+class AssembledWorker:
+    """A worker with its pool, providers and completer; `close()` releases what it owns."""
+
+    worker: Worker
+    pool: ConnectionPool[DictConnection]
+    providers: RoutedProviders
+    completer: Completer
+    owns_pool: bool
+    owns_providers: bool
+    listeners: list[NotificationListener] = field(default_factory=list)
+
+    def listen(self, conninfo: str) -> NotificationListener:
+        """Starts the wake-up listener (`sa_job_queued`) on a direct connection to `conninfo`."""
+        listener = NotificationListener(conninfo, JOB_QUEUED_LISTEN, self.worker.on_job_queued,
+                                        self.worker.wake).start()
+        self.listeners.append(listener)
+        return listener
+
+    def close(self) -> None:
+        """Stops the listeners and the completer, then closes what the assembly opened."""
+        for listener in self.listeners:
+            listener.stop()
+        self.completer.close()
+        if self.owns_providers:
+            self.providers.close()
+        if self.owns_pool:
+            self.pool.close()
+
+
+def assemble_worker(
+    settings: Settings,
+    config: WorkerConfig,
+    *,
+    pool: ConnectionPool[DictConnection] | None = None,
+    providers: RoutedProviders | None = None,
+    worker_id: str | None = None,
+) -> AssembledWorker:
+    """Wires a worker from `settings`.
+
+    Args:
+        settings: the process's settings (routes, timeouts, backoff, throttling, streaming).
+        config: how much the worker runs at once and how often it polls (`worker_config`).
+        pool: a pool to use instead of opening one on SA's worker URL (not closed by `close`).
+        providers: providers to use instead of building them from the routes (not closed).
+        worker_id: the worker's claim; a fresh one by default.
+
+    Raises:
+        ValueError: the routes cannot be built (the message hides passwords).
+        psycopg_pool.PoolTimeout: the database did not answer in time.
+    """
+    built = providers or RoutedProviders.build(
+        settings.routes, settings.provider_timeout, settings.provider_max_response_bytes,
+        settings.provider_connect_timeout, settings.provider_read_timeout)
+    try:
+        opened = pool or open_pool(settings.worker_database_url, name="worker",
+                                   max_size=_POOL_SIZE, prepare=settings.prepared_statements)
+    except BaseException:
+        if providers is None:
+            built.close()
+        raise
+    completer = Completer(opened)
+    executor = Executor(
+        completer=completer, providers=built,
+        backoff=BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
+                              rate_limit_min_wait=settings.rate_limit_min_wait),
+        gate=RouteGate(opened, refresh=settings.gate_refresh, window=settings.route_limit_window),
+        throttle_max_wait=settings.throttle_max_wait, pool=opened,
+        stream_interval=settings.stream_interval)
+    return AssembledWorker(Worker(opened, executor, config, worker_id), opened, built, completer,
+                           owns_pool=pool is None, owns_providers=providers is None)

@@ -1,0 +1,1 @@
+"""The schema: migrations applied in order, and today's database functions and triggers."""
