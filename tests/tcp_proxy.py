@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
+
+# NOTE: what Postgres sends a session pg_terminate_backend ends: an ErrorResponse, FATAL 57P01.
+_ADMIN_SHUTDOWN_FIELDS = (b"SFATAL\0VFATAL\0C57P01\0"
+                          b"Mterminating connection due to administrator command\0\0")
+ADMIN_SHUTDOWN = b"E" + struct.pack("!I", 4 + len(_ADMIN_SHUTDOWN_FIELDS)) + _ADMIN_SHUTDOWN_FIELDS
 
 
 class TcpProxy:
@@ -20,6 +26,8 @@ class TcpProxy:
         self._open = threading.Event()
         self._open.set()
         self._closed = False
+        self._clients: set[socket.socket] = set()
+        self._terminating: set[socket.socket] = set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut(self) -> None:
@@ -31,6 +39,14 @@ class TcpProxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self._sockets.clear()
+
+    def terminate_on_next_query(self) -> None:
+        """Ends every open session as pg_terminate_backend does, caught mid-way: the next message
+        a client sends is answered FATAL 57P01 instead of being passed on, so a client that
+        checked its idle connection just before sees nothing wrong until it asks; by then the
+        other sessions have their FATAL too (the kill is over), and the lines close."""
+        with self._lock:
+            self._terminating.update(self._clients)
 
     def restore(self) -> None:
         """Accepts connections again."""
@@ -57,6 +73,7 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._sockets.update((client, upstream))
+                self._clients.add(client)
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
 
@@ -71,6 +88,16 @@ class TcpProxy:
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                with self._lock:
+                    ending = src in self._terminating
+                    doomed = list(self._terminating) if ending else []
+                    self._terminating.difference_update(doomed)
+                for client in doomed:
+                    with contextlib.suppress(OSError):
+                        client.sendall(ADMIN_SHUTDOWN)
+                        client.shutdown(socket.SHUT_RDWR)
+                if ending:
+                    break
                 dst.sendall(data)
         except OSError:
             pass

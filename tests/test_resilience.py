@@ -67,6 +67,29 @@ def test_web_answers_503_during_an_outage_and_recovers(
         web_pool.close()
 
 
+def test_a_session_the_server_ends_under_a_request_is_retried_not_shown(
+    proxied: Settings, proxy: TcpProxy, auth: dict[str, str], pool: ConnectionPool[DictConnection],
+) -> None:
+    web_pool = open_pool(proxied.database_url, name="web-killed", max_size=2)
+    try:
+        client = falcon.testing.TestClient(create_app(replace(proxied, token_cache_ttl=0),
+                                                      web_pool))
+        first = submit(client, auth, text="before the kill")
+        for request in (
+            lambda: client.simulate_post("/sa-core/v1/prompt", json={"text": "after the kill"},
+                                         headers=auth),
+            lambda: client.simulate_get(f"/sa-core/v1/jobs/{first['job_id']}", headers=auth),
+        ):
+            proxy.terminate_on_next_query()
+            result = request()
+            assert result.status_code in (200, 202), result.text
+        assert [r["content"] for r in fetch_all(
+            pool, "SELECT content FROM sa_entity WHERE kind = 'prompt' ORDER BY created_at")] == [
+            "before the kill", "after the kill"]
+    finally:
+        web_pool.close()
+
+
 def test_worker_survives_a_database_outage_and_loses_nothing(
     proxied: Settings, proxy: TcpProxy, pool: ConnectionPool[DictConnection], caller: Caller,
 ) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import psycopg
 import structlog
@@ -12,11 +13,17 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-__all__ = ["SESSION_SETTINGS", "DictConnection", "borrow", "open_pool"]
+__all__ = ["SESSION_SETTINGS", "DictConnection", "borrow", "open_pool", "reconnecting", "terminated"]
 
 DictConnection = Connection[DictRow]
 
 log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+# NOTE: the server ended the session (pg_terminate_backend, a shutdown, a crash restart): the
+# statement it answered with this was not committed.
+_TERMINATED = frozenset({"57P01", "57P02", "57P03"})
 
 _PREPARE_AFTER = 5
 """psycopg's own default: executions of one statement on a connection before it is prepared."""
@@ -145,3 +152,33 @@ def borrow(db: ConnectionPool[DictConnection] | DictConnection) -> Iterator[Dict
             yield conn
     else:
         yield db
+
+
+def terminated(conn: DictConnection, exc: psycopg.OperationalError) -> bool:
+    """True when `exc` says the server ended `conn` (or the connection was lost) before answering."""
+    return exc.sqlstate in _TERMINATED or (exc.sqlstate is None and conn.broken)
+
+
+def reconnecting(pool: ConnectionPool[DictConnection], work: Callable[[DictConnection], T]) -> T:
+    """Runs `work` on a pooled connection, and once more on a fresh one when the server ended the
+    first before it answered.
+
+    The checkout check (`_check_idle`) only sees a connection the server has already closed; one
+    it is terminating at that moment (a backend killed, a failover under way) passes, and its
+    first statement fails. Retried here, a kill that is over is never shown to a client as a 503.
+
+    Only for work that is safe to run twice: reads, and writes that recognize their own first try
+    (enqueue writes ids chosen beforehand, so a second try finds them taken).
+
+    Raises:
+        psycopg.Error: what the second try (or a first failure of another kind) raised.
+    """
+    with pool.connection() as conn:
+        try:
+            return work(conn)
+        except psycopg.OperationalError as exc:
+            if not terminated(conn, exc):
+                raise
+            log.info("db.connection_terminated", pool=pool.name, sqlstate=exc.sqlstate)
+    with pool.connection() as conn:
+        return work(conn)

@@ -30,7 +30,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import DictConnection, reconnecting
 from jobqueue.core.queries import session as session_q
 from jobqueue.core.queries import token as q
 
@@ -165,8 +165,7 @@ def revoke_token(pool: ConnectionPool[DictConnection], token_or_id: str) -> Revo
 
 def _lookup(pool: ConnectionPool[DictConnection], digest: bytes) -> tuple[Caller, float | None] | None:
     """The caller of an active token and the seconds until it expires (None: never)."""
-    with pool.connection() as conn:
-        row = conn.execute(q.TOKEN_GET_ACTIVE, (digest,)).fetchone()
+    row = reconnecting(pool, lambda conn: conn.execute(q.TOKEN_GET_ACTIVE, (digest,)).fetchone())
     if row is None or not hmac.compare_digest(bytes(row["token_hash"]), digest):
         return None
     return _caller(row), row["expires_in"]
@@ -259,8 +258,9 @@ class Authenticator:
         NOTE: never cached: a browser makes few requests (one stream, a poll while it is down),
         and an uncached lookup makes sign-out and token revocation immediate.
         """
-        with self._pool.connection() as conn:
-            row = conn.execute(session_q.SESSION_GET_ACTIVE, (hash_token(session_id),)).fetchone()
+        digest = hash_token(session_id)
+        row = reconnecting(self._pool, lambda conn: conn.execute(
+            session_q.SESSION_GET_ACTIVE, (digest,)).fetchone())
         if row is None:
             return None
         return _caller(row), bytes(row["token_hash"])

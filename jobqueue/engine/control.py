@@ -11,7 +11,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import wakeup
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import DictConnection, reconnecting
 from jobqueue.core.errors import Conflict, NotFound, QueueFull
 from jobqueue.core.queries import idempotency as idempotency_q
 from jobqueue.core.queries import job as q
@@ -72,20 +72,31 @@ def cancel_job(
     """
     if reason is None:
         reason = "cancelled by an operator" if org_id is None else "cancelled by a user"
-    with pool.connection() as conn:
+    tries: list[int] = []
+
+    def attempt(conn: DictConnection) -> Row | None:
+        tries.append(1)
         try:
-            row = conn.execute(q.JOB_CANCEL_IF_ACTIVE, {"job_id": job_id, "org_id": org_id,
-                                                        "reason": reason}).fetchone()
+            return conn.execute(q.JOB_CANCEL_IF_ACTIVE, {"job_id": job_id, "org_id": org_id,
+                                                         "reason": reason}).fetchone()
         except psycopg.Error as exc:
             if is_connection_failure(conn, exc):
                 raise
             # NOTE: a row no write reaches (jobqueue/engine/quarantine.py): say why, in one line.
             raise Conflict(f"job {job_id} cannot be cancelled: the database refused the change "
                            f"({str(exc).strip()[:300]})") from None
+
+    # NOTE: a connection the server ends under the statement is retried once; the retry finding
+    # the job cancelled with this very reason means the first try committed.
+    row = reconnecting(pool, attempt)
     if row is None:
         raise NotFound(f"job {job_id} not found")
     dependents = row.pop("dependents")
-    if not row.pop("changed"):
+    changed = row.pop("changed")
+    if not changed and len(tries) > 1 and row["state"] == JobState.CANCELLED \
+            and row["error_message"] == reason:
+        changed = True
+    if not changed:
         raise Conflict(f"job {job_id} is already {row['state']}; nothing to cancel")
     wakeup.for_pool(pool).job_changed()
     if dependents:

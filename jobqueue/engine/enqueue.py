@@ -11,12 +11,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import psycopg
 import structlog
 from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import wakeup
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import DictConnection, reconnecting
 from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
 from jobqueue.core.queries import entity as q
 from jobqueue.core.queries import idempotency as idempotency_q
@@ -149,19 +150,24 @@ def enqueue(
     if idempotency_key is not None:
         params["request_hash"] = Submission(text, parent_id, priority, max_attempts, opts, run_at,
                                             delay_seconds, after).fingerprint()
+    def attempt(conn: DictConnection) -> tuple[Row, Row | None]:
+        row = _insert_or_find(conn, params, max_queued)
+        if row["id"] is not None or idempotency_key is None:
+            return row, None
+        return row, conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
+            "org_id": caller.org_id, "user_id": caller.user_id, "key": idempotency_key,
+            "ttl": KEY_TTL_SECONDS}).fetchone()
+
     for _ in range(_KEY_ATTEMPTS):
         params["prompt_id"], params["job_id"] = uuid.uuid4(), uuid.uuid4()
-        with pool.connection() as conn:
-            row = _insert(conn, params, max_queued)
-            if row["id"] is None and idempotency_key is not None:
-                key_row = conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
-                    "org_id": caller.org_id, "user_id": caller.user_id, "key": idempotency_key,
-                    "ttl": KEY_TTL_SECONDS}).fetchone()
-                if key_row is not None:
-                    replayed = _replay(key_row, params["request_hash"])
-                    log.info("job.enqueue_replayed", job_id=str(replayed.job_id),
-                             prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
-                    return replayed
+        # NOTE: a connection the server ends under the statement is retried once with the same
+        # ids, which tell a committed first try (_insert_or_find).
+        row, key_row = reconnecting(pool, attempt)
+        if key_row is not None:
+            replayed = _replay(key_row, params["request_hash"])
+            log.info("job.enqueue_replayed", job_id=str(replayed.job_id),
+                     prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
+            return replayed
         if row["id"] is not None:
             scheduled = run_at is not None or bool(delay_seconds)
             if not row["waiting"]:
@@ -294,6 +300,19 @@ def _insert(conn: DictConnection, params: dict[str, Any], max_queued: int,
         row = conn.execute(statement, params).fetchone()
     assert row is not None  # NOTE: the statement always answers one row (the gate's)
     return row
+
+
+def _insert_or_find(conn: DictConnection, params: dict[str, Any], max_queued: int) -> Row:
+    """PROMPT_INSERT_WITH_JOB, or, when its prompt id is already taken, the job it wrote: only a
+    second try after a lost answer meets its own ids (uuid4), so the first one committed."""
+    try:
+        return _insert(conn, params, max_queued)
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "sa_entity_pkey":
+            raise
+    found = conn.execute(job_q.JOB_GET_AS_ENQUEUED, {"job_id": params["job_id"]}).fetchone()
+    assert found is not None  # NOTE: written with the prompt, in the same statement
+    return found
 
 
 def _replay(key_row: Row, request_hash: bytes) -> Enqueued:

@@ -11,6 +11,7 @@ __all__ = [
     "JOB_COLUMNS",
     "JOB_COUNT_QUEUED_FOR_ORG_CAPPED",
     "JOB_GET",
+    "JOB_GET_AS_ENQUEUED",
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_CLAIMED",
@@ -389,6 +390,15 @@ _READ_COLUMNS = """
 (SELECT p.text FROM sa_job_partial p
   WHERE p.job_id = sa_job.id AND p.attempt = sa_job.attempt AND sa_job.state = 'running')
     AS partial_text
+"""
+
+# served by sa_job_pkey (id). A job as PROMPT_INSERT_WITH_JOB answers it, gate passed: what an
+# enqueue retried after a lost answer finds its first try wrote.
+JOB_GET_AS_ENQUEUED = """
+SELECT true AS parent_ok, true AS under_cap, NULL::text AS after_state, true AS depth_ok,
+       id, prompt_id, state, created_at, scheduled_for, waiting
+  FROM sa_job
+ WHERE id = %(job_id)s
 """
 
 # served by sa_job_pkey (id)
