@@ -1,8 +1,8 @@
 """Every statement on the hot path keeps a plan whose cost does not grow with the backlog or history.
 
 One table (HOT_PATH) lists the statements a submit, a worker, the maintenance leader and a
-/metrics scrape run over and over; a new one slots in as one more row, and the statements of the
-trigger every finished job fires are read from the database. Each is EXPLAINed, as a plan for
+/metrics scrape run over and over, and the ones that settle a chain when its first job ends; a
+new one slots in as one more row. Each is EXPLAINed, as a plan for
 its values and as the generic plan a long-lived session caches, in the service's own sessions:
 on a young deployment (a few jobs, analyzed), then over 100,000 queued jobs behind a finished
 history, first with the statistics taken when the queue was still empty (autoanalyze lags a
@@ -14,7 +14,6 @@ its primary key.
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import chain as chain_q
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import maintenance as maintenance_q
@@ -88,11 +88,29 @@ HOT_PATH = [
     HotStatement("reject", job_q.JOB_REJECT_MANY_IF_CLAIMED,
                  {"job_ids": _IDS, "attempts": [1] * 3, "error_kinds": ["invalid_options"] * 3,
                   "error_messages": ["m"] * 3, "claim": "w1"}, prepared=False),
+    HotStatement("claim_candidates", job_q.JOB_CLAIM_CANDIDATES, _CLAIM, job_q.JOB_PLAN_SETTINGS),
+    HotStatement("claim_ids", job_q.JOB_CLAIM_IDS, {**_CLAIM, "job_ids": _IDS}, prepared=False),
+    HotStatement("next_due", job_q.JOB_NEXT_DUE, {"ceiling": 100}, job_q.JOB_PLAN_SETTINGS),
     HotStatement("heartbeat", job_q.JOB_HEARTBEAT_MANY_IF_CLAIMED, {"job_ids": _IDS, "claim": "w1"}),
-    # NOTE: the shutdown release and the maintenance leader's reclaim read every running job
-    # (at most the workers' slots), once per shutdown or per maintenance round.
-    HotStatement("release", job_q.JOB_RELEASE_MANY_IF_CLAIMED, {"claim": "w1"},
-                 reads_backlog=True),
+    # NOTE: the shutdown release reads every running job (at most the workers' slots), once per
+    # shutdown, then releases them by id.
+    HotStatement("claimed_by_worker", job_q.JOB_LIST_CLAIMED, {"claim": "w1"}, reads_backlog=True),
+    HotStatement("release", job_q.JOB_RELEASE_MANY_IF_CLAIMED, {"job_ids": _IDS, "claim": "w1"}),
+    HotStatement("count_queued_capped", job_q.JOB_COUNT_QUEUED_FOR_ORG_CAPPED,
+                 {"org_id": 1, "cap": 1000}),
+    # NOTE: what settles a chain when its first job ends, and the leader's sweep.
+    HotStatement("release_dependents", chain_q.JOB_RELEASE_DEPENDENTS_MANY, {"job_ids": _IDS},
+                 prepared=False),
+    HotStatement("cancel_dependents", chain_q.JOB_CANCEL_DEPENDENTS_MANY, {"job_ids": _IDS},
+                 prepared=False),
+    HotStatement("cancel_orphaned", chain_q.JOB_CANCEL_ORPHANED_MANY, {"pred_ids": _IDS},
+                 prepared=False),
+    HotStatement("rearm_dependents", chain_q.JOB_REARM_DEPENDENTS,
+                 {"old_job_id": _IDS[0], "new_job_id": _IDS[1]}, prepared=False),
+    HotStatement("waited_on_page", chain_q.JOB_LIST_WAITED_ON_PAGE,
+                 {"after": uuid.UUID(int=0), "limit": 500}),
+    # NOTE: the maintenance leader's reclaim reads every running job (at most the workers'
+    # slots), once per maintenance round.
     HotStatement("reclaim_read", maintenance_q.JOB_LIST_RECLAIMABLE_PAGE,
                  {"now": None, "stale_after": 300.0, "stuck_after": 900.0,
                   "after_heartbeat": None, "after_id": None, "limit": 500},
@@ -118,8 +136,10 @@ HOT_PATH = [
 
 
 # NOTE: the indexes a statement may probe without a LIMIT: by the ids it names (primary key),
-# by a predecessor (after_job_id), or by one worker's claim (its running jobs, at most its slots).
-_PROBE_INDEXES = frozenset({"sa_job_pkey", "sa_job_after_idx", "sa_job_worker_claim_idx"})
+# by a predecessor (after_job_id), by a superseded job, or by one worker's claim (its running
+# jobs, at most its slots).
+_PROBE_INDEXES = frozenset({"sa_job_pkey", "sa_job_after_idx", "sa_job_waiting_idx",
+                            "sa_job_worker_claim_idx", "sa_job_supersedes_unique"})
 # NOTE: these read every input row before giving one out, so a LIMIT above them bounds nothing.
 _BLOCKING = frozenset({"Sort", "Incremental Sort", "Hash", "Aggregate", "Materialize", "SetOp"})
 
@@ -221,27 +241,9 @@ def backlog(pool: ConnectionPool[DictConnection]) -> Iterator[DictConnection]:
         yield conn
 
 
-def _trigger_statements(conn: DictConnection) -> list[HotStatement]:
-    """The statements trigger sa_job_settle_dependents (0015) runs for every job that ends,
-    read from the database's own copy of the function, NEW's fields as parameters."""
-    row = conn.execute("SELECT prosrc FROM pg_proc WHERE proname = 'sa_job_settle_dependents'"
-                       ).fetchone()
-    assert row is not None
-    found = re.findall(r"SELECT 1 FROM sa_job WHERE [^)]*|UPDATE .*?;", row["prosrc"], re.S)
-    assert len(found) == 4, found
-    params = {"id": uuid.uuid4(), "response_id": uuid.uuid4()}
-    # NOTE: the message's format() plays no part in the plan, and its %s would read as
-    # placeholders.
-    return [HotStatement(f"settle_dependents_{n}",
-                         re.sub(r"format\(.*?NEW\.state\)", "'ended'", text.rstrip(";"), flags=re.S)
-                         .replace("NEW.id", "%(id)s").replace("NEW.response_id", "%(response_id)s"),
-                         params)
-            for n, text in enumerate(found)]
-
-
 def _check_all(conn: DictConnection) -> list[str]:
     problems = []
-    for hot in HOT_PATH + _trigger_statements(conn):
+    for hot in HOT_PATH:
         for generic in (False, True)[:1 + hot.prepared]:
             # NOTE: rolled back to the savepoint, so neither the prelude's SET LOCAL nor the
             # plan cache mode outlives the statement it is for.

@@ -104,3 +104,34 @@ def test_an_operator_sees_a_waiting_job_and_cancels_it_from_the_cli(
     assert (job["state"], datetime.fromisoformat(job["scheduled_for"])) == ("queued", run_at)
     assert cli(["cancel-job", job_id]) == 0
     assert job_state(client, auth, job_id) == "cancelled"
+
+
+def _claimed_within_a_second_of_due(pool: ConnectionPool[DictConnection], job_id: str) -> bool:
+    row = fetch_one(pool, "SELECT claimed_at, scheduled_for FROM sa_job WHERE id = %s", job_id)
+    return bool(row["scheduled_for"] <= row["claimed_at"]
+                < row["scheduled_for"] + timedelta(seconds=1))
+
+
+def test_a_job_due_sooner_than_one_heard_of_before_does_not_make_the_worker_forget_it(
+    client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    worker = workers.start(listen=True, poll_interval=NEVER)
+    wait_for(lambda: worker.claim_rounds >= 1)
+    later = submit(client, auth, text="due second", delay_seconds=3)["job_id"]
+    sooner = submit(client, auth, text="due first", delay_seconds=1)["job_id"]
+    wait_for(lambda: job_state(client, auth, later) == "succeeded", timeout=10)
+    assert job_state(client, auth, sooner) == "succeeded"
+    assert _claimed_within_a_second_of_due(pool, sooner)
+    assert _claimed_within_a_second_of_due(pool, later)
+
+
+def test_a_worker_started_after_a_job_was_scheduled_runs_it_on_time_without_its_wakeup(
+    client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
+    pool: ConnectionPool[DictConnection],
+) -> None:
+    job_id = submit(client, auth, text="scheduled before any worker", delay_seconds=2)["job_id"]
+    # NOTE: no LISTEN and a ten-minute poll: only the worker's question to the database tells it.
+    workers.start(poll_interval=NEVER)
+    wait_for(lambda: job_state(client, auth, job_id) == "succeeded", timeout=10)
+    assert _claimed_within_a_second_of_due(pool, job_id)

@@ -29,7 +29,7 @@ from jobqueue.engine import chains, quarantine, transitions
 from jobqueue.engine.isolation import is_connection_failure, write_isolated
 
 __all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "SENT_OPTIONS", "ClaimedJob", "Undecodable", "claim",
-           "options_error"]
+           "next_due", "options_error"]
 
 log = structlog.get_logger(__name__)
 
@@ -171,6 +171,14 @@ def claim(
     for job in jobs:
         metrics.WAIT_SECONDS.observe(max(0.0, (job.claimed_at - job.scheduled_for).total_seconds()))
     return jobs
+
+
+def next_due(pool: ConnectionPool[DictConnection], priority_ceiling: int) -> float | None:
+    """Seconds until the soonest claimable job scheduled for later falls due; None for none."""
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(q.JOB_PLAN_SETTINGS)
+        row = conn.execute(q.JOB_NEXT_DUE, {"ceiling": priority_ceiling}).fetchone()
+    return None if row is None or row["seconds"] is None else max(0.0, float(row["seconds"]))
 
 
 def _prepare(cur: psycopg.Cursor[dict[str, Any]], capped: bool) -> None:

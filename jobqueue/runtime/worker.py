@@ -7,6 +7,7 @@ Embedded unpatched (the tests do), the same code runs on OS threads.
 
 from __future__ import annotations
 
+import bisect
 import os
 import queue
 import socket
@@ -23,7 +24,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
-from jobqueue.engine.claim import ClaimedJob, claim
+from jobqueue.engine.claim import ClaimedJob, claim, next_due
 from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.runtime.completer import FinishTimeout
 from jobqueue.runtime.executor import Executor, Outcome, RunControl
@@ -34,6 +35,9 @@ __all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
 # many at once. 512 calls in flight cost about 75 MiB and, at one-second answers, a third of a
 # core (bench/llm_shaped.py); the provider's rate limits usually set the useful maximum.
 DEFAULT_CONCURRENCY = 512
+
+# NOTE: due times a worker keeps in mind; the rest it learns from the database when a poll ends.
+_MAX_DUES = 256
 
 log = structlog.get_logger(__name__)
 
@@ -107,7 +111,9 @@ class Worker:
         self._wake = threading.Event()
         self._idle = threading.Condition(self._lock)
         self._stopping = threading.Event()
-        self._next_due: float | None = None
+        # NOTE: the due times heard of (time.monotonic()), soonest first, so a job due sooner than
+        # one heard of earlier does not make the worker forget the later one.
+        self._dues: list[float] = []
         self._runs: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._runners: list[threading.Thread] = []
         self._idle_runners = 0
@@ -133,12 +139,16 @@ class Worker:
         if not payload:
             self._wake.set()
             return
-        due = time.monotonic() + float(payload) - time.time()
-        with self._lock:
-            if self._next_due is None or due < self._next_due:
-                self._next_due = due
+        self._expect(time.monotonic() + float(payload) - time.time())
         # NOTE: the sleeping loop recomputes its deadline only when woken.
         self._wake.set()
+
+    def _expect(self, due: float) -> None:
+        """Remembers a due time (monotonic); past _MAX_DUES the latest are dropped (the database
+        is asked again for the next one whenever a poll ends idle)."""
+        with self._lock:
+            bisect.insort(self._dues, due)
+            del self._dues[_MAX_DUES:]
 
     @property
     def inflight(self) -> int:
@@ -166,6 +176,7 @@ class Worker:
                       finalize_batches=self.executor.completer.batches)
 
     def _loop(self) -> None:
+        self._learn_next_due()
         while not self._stopping.is_set():
             try:
                 full = self._claim_round()
@@ -178,19 +189,32 @@ class Worker:
                 full = False
             if full and not self._stopping.is_set():
                 continue
-            self._wake.wait(self._sleep_for())
+            if not self._wake.wait(self._sleep_for()):
+                self._learn_next_due()
             self._wake.clear()
 
+    def _learn_next_due(self) -> None:
+        """Asks the database when the next scheduled job falls due, so it starts on time even when
+        its wake-up was never heard (sent before this worker listened, or lost)."""
+        try:
+            due = next_due(self.pool, self.config.priority_ceiling)
+        except psycopg.Error as exc:
+            self.log.warning("worker.next_due_failed", error=str(exc).strip())
+            return
+        if due is not None:
+            self._expect(time.monotonic() + due)
+
     def _sleep_for(self) -> float:
-        """The poll interval, or less when a delayed job falls due sooner."""
+        """The poll interval, or less when a scheduled job falls due sooner."""
+        now = time.monotonic()
         with self._lock:
-            if self._next_due is None:
-                return self.config.poll_interval
-            remaining = self._next_due - time.monotonic()
-            if remaining <= 0:
-                self._next_due = None
+            past = bisect.bisect_right(self._dues, now)
+            if past:
+                del self._dues[:past]
                 return 0.0
-        return min(self.config.poll_interval, remaining)
+            if not self._dues:
+                return self.config.poll_interval
+            return min(self.config.poll_interval, self._dues[0] - now)
 
     def _busy_slots(self) -> int:
         """Slots taken: jobs held, less those past their provider call (up to one per slot).

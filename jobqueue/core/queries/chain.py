@@ -1,10 +1,11 @@
 """Statements of chains (`after`): settle a finished job's waiting dependents, re-arm them on retry.
 
 PERF: each step from a job to the jobs after it is a LATERAL subquery with OFFSET 0, which the
-planner cannot flatten into a join: it stays one probe of sa_job_waiting_idx (or
+planner cannot flatten into a join (nor an EXISTS with OFFSET 0 into an anti-join): it stays one probe of sa_job_waiting_idx (or
 sa_job_after_idx) per job, whatever the statistics say. Written as a join, a re-arm of 10,000
 links read the whole of sa_job_after_idx once per link (170 s) on a table never analyzed, where
-the probes take 0.1 s (tests/test_plans.py).
+the probes take 0.1 s (tests/test_plans.py). For the same reason each write names its rows in an
+`id = ANY (ARRAY(...))` the primary key serves, never only in a join a small table may hash.
 """
 
 __all__ = [
@@ -42,7 +43,8 @@ WITH pred AS (
 UPDATE sa_job j
    SET waiting = false, scheduled_for = greatest(j.scheduled_for, now())
   FROM dep
- WHERE j.id = dep.id AND j.waiting IS NOT DISTINCT FROM true
+ WHERE j.id = ANY (ARRAY(SELECT dep.id FROM dep)) AND j.id = dep.id
+   AND j.waiting IS NOT DISTINCT FROM true
 RETURNING j.id, j.prompt_id, j.org_id, dep.predecessor, j.scheduled_for
 """
 
@@ -57,9 +59,8 @@ RETURNING j.id, j.prompt_id, j.org_id, dep.predecessor, j.scheduled_for
 JOB_CANCEL_DEPENDENTS_MANY = """
 WITH RECURSIVE root AS (
     SELECT p.id, p.state
-      FROM sa_job p
-     WHERE p.id = ANY(%(job_ids)s::uuid[])
-       AND p.state IN ('failed', 'cancelled', 'superseded')
+      FROM (SELECT p.id, p.state FROM sa_job p WHERE p.id = ANY(%(job_ids)s::uuid[]) OFFSET 0) p
+     WHERE p.state IN ('failed', 'cancelled', 'superseded')
 ), doomed AS (
     SELECT d.id, root.id AS root, root.state AS root_state
       FROM root
@@ -77,7 +78,8 @@ UPDATE sa_job j
        error_message = format('job %%s, which this job waits for, ended %%s', doomed.root,
                               doomed.root_state)
   FROM doomed
- WHERE j.id = doomed.id AND j.waiting IS NOT DISTINCT FROM true
+ WHERE j.id = ANY (ARRAY(SELECT doomed.id FROM doomed)) AND j.id = doomed.id
+   AND j.waiting IS NOT DISTINCT FROM true
 RETURNING j.id, j.prompt_id, j.org_id, j.attempt, doomed.root
 """
 
@@ -91,7 +93,7 @@ UPDATE sa_job j
        error_kind = 'dependency_failed',
        error_message = format('job %%s, which this job waits for, no longer exists', j.after_job_id)
  WHERE j.after_job_id = ANY(%(pred_ids)s::uuid[]) AND j.waiting
-   AND NOT EXISTS (SELECT 1 FROM sa_job p WHERE p.id = j.after_job_id)
+   AND NOT EXISTS (SELECT 1 FROM sa_job p WHERE p.id = j.after_job_id OFFSET 0)
 RETURNING j.id, j.prompt_id, j.org_id, j.attempt, j.after_job_id AS root
 """
 
@@ -108,8 +110,9 @@ WITH preds AS (
      ORDER BY w.after_job_id
      LIMIT %(limit)s
 )
-SELECT preds.after_job_id AS id, p.state
-  FROM preds LEFT JOIN sa_job p ON p.id = preds.after_job_id
+SELECT preds.after_job_id AS id,
+       (SELECT p.state FROM sa_job p WHERE p.id = preds.after_job_id) AS state
+  FROM preds
  ORDER BY preds.after_job_id
 """
 
@@ -129,7 +132,7 @@ WITH RECURSIVE ended AS (
      WHERE d.after_job_id = %(old_job_id)s
        AND d.state IS NOT DISTINCT FROM 'cancelled'
        AND d.error_kind IS NOT DISTINCT FROM 'dependency_failed'
-       AND NOT EXISTS (SELECT 1 FROM sa_job s WHERE s.supersedes = d.id)
+       AND NOT EXISTS (SELECT 1 FROM sa_job s WHERE s.supersedes = d.id OFFSET 0)
     UNION ALL
     SELECT d.id, d.after_job_id
       FROM ended
@@ -137,7 +140,8 @@ WITH RECURSIVE ended AS (
                           WHERE w.after_job_id = ended.id
                             AND w.state IS NOT DISTINCT FROM 'cancelled'
                             AND w.error_kind IS NOT DISTINCT FROM 'dependency_failed'
-                            AND NOT EXISTS (SELECT 1 FROM sa_job s WHERE s.supersedes = w.id)
+                            AND NOT EXISTS (SELECT 1 FROM sa_job s
+                                             WHERE s.supersedes = w.id OFFSET 0)
                          OFFSET 0) AS d
 ), fresh AS MATERIALIZED (
     SELECT ended.id, ended.pred, gen_random_uuid() AS new_id FROM ended
@@ -145,7 +149,8 @@ WITH RECURSIVE ended AS (
     UPDATE sa_job j
        SET state = 'superseded'
       FROM fresh
-     WHERE j.id = fresh.id AND j.state IS NOT DISTINCT FROM 'cancelled'
+     WHERE j.id = ANY (ARRAY(SELECT fresh.id FROM fresh)) AND j.id = fresh.id
+       AND j.state IS NOT DISTINCT FROM 'cancelled'
     RETURNING j.id, j.prompt_id, j.priority, j.max_attempts, j.execution_options, j.org_id,
               j.created_by, j.chain_depth
 )

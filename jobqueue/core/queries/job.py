@@ -16,6 +16,7 @@ __all__ = [
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_CLAIMED",
     "JOB_LIST_FOR_PROMPT",
+    "JOB_NEXT_DUE",
     "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
     "JOB_RELEASE_MANY_IF_CLAIMED",
@@ -194,6 +195,32 @@ WITH picked AS (
     + _CLAIM_SET
 )
 
+
+# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued' AND NOT waiting
+# (0016): a loose scan, one descent per priority with claimable jobs (101 at most) and one
+# probe each for its first job due later; never the backlog. Seconds until the soonest, NULL when
+# nothing is scheduled. Run under JOB_PLAN_SETTINGS.
+JOB_NEXT_DUE = """
+WITH RECURSIVE priorities AS (
+    (SELECT priority FROM sa_job
+      WHERE state = 'queued' AND NOT waiting AND priority <= %(ceiling)s
+      ORDER BY priority LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority FROM sa_job j
+             WHERE j.state = 'queued' AND NOT j.waiting AND j.priority > priorities.priority
+               AND j.priority <= %(ceiling)s
+             ORDER BY j.priority LIMIT 1)
+      FROM priorities
+     WHERE priorities.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min(
+           (SELECT j.scheduled_for FROM sa_job j
+             WHERE j.state = 'queued' AND NOT j.waiting AND j.priority = priorities.priority
+               AND j.scheduled_for > now()
+             ORDER BY j.scheduled_for LIMIT 1)) - now())::float8 AS seconds
+  FROM priorities
+ WHERE priorities.priority IS NOT NULL
+"""
 
 # NOTE: taken (in the claim's transaction, before the claim statement takes its snapshot) only
 # when a per-org running cap is set, so capped claims see each other's results and the cap holds
