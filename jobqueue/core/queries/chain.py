@@ -1,11 +1,12 @@
 """Statements of chains (`after`): settle a finished job's waiting dependents, re-arm them on retry.
 
 PERF: each step from a job to the jobs after it is a LATERAL subquery with OFFSET 0, which the
-planner cannot flatten into a join (nor an EXISTS with OFFSET 0 into an anti-join): it stays one probe of sa_job_waiting_idx (or
-sa_job_after_idx) per job, whatever the statistics say. Written as a join, a re-arm of 10,000
-links read the whole of sa_job_after_idx once per link (170 s) on a table never analyzed, where
-the probes take 0.1 s (tests/test_plans.py). For the same reason each write names its rows in an
-`id = ANY (ARRAY(...))` the primary key serves, never only in a join a small table may hash.
+planner cannot flatten into a join (nor an EXISTS with OFFSET 0 into an anti-join): it stays one
+probe of sa_job_waiting_idx (or sa_job_after_idx) per job, whatever the statistics say. Written
+as a join, a re-arm of 10,000 links read the whole of sa_job_after_idx once per link (170 s) on
+a table never analyzed, where the probes take 0.1 s (tests/test_plans.py). For the same reason
+each write names its rows in an `id = ANY (ARRAY(...))` the primary key serves, never only in a
+join a small table may hash.
 """
 
 __all__ = [
