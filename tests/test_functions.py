@@ -17,7 +17,8 @@ def test_every_function_and_trigger_in_the_database_is_the_one_in_the_tree(datab
         assert undeclared(conn, DEFINITIONS) == []
     # NOTE: the tree names every trigger the state machine and the event log rely on.
     triggers = {t for d in DEFINITIONS for t in d.triggers}
-    assert {"sa_job_guard", "sa_job_event_log", "sa_job_touch", "sa_entity_touch"} <= triggers
+    assert {"sa_job_guard", "sa_job_events_inserted", "sa_job_events_updated", "sa_job_touch",
+            "sa_entity_touch"} <= triggers
 
 
 def test_no_trigger_decides_a_transition_any_more(database_url: str) -> None:
@@ -32,9 +33,9 @@ def test_migrate_restores_a_function_edited_in_place_and_a_dropped_trigger(empty
     with psycopg.connect(empty_database, autocommit=True) as conn:
         conn.execute("CREATE OR REPLACE FUNCTION sa_touch_updated_at() RETURNS trigger "
                      "LANGUAGE plpgsql AS $$ BEGIN RETURN NEW; END; $$")
-        conn.execute("DROP TRIGGER sa_job_event_log ON sa_job")
+        conn.execute("DROP TRIGGER sa_job_events_updated ON sa_job")
         assert sorted(d.name for d in drift(conn, DEFINITIONS)) == [
-            "sa_job_record_event", "sa_touch_updated_at"]
+            "sa_job_record_events", "sa_touch_updated_at"]
     assert migrate(empty_database) == []
     with psycopg.connect(empty_database) as conn:
         assert drift(conn, DEFINITIONS) == []

@@ -25,6 +25,7 @@ from jobqueue.core.redact import redact
 from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.core.version import VERSION
 from jobqueue.devtools import fake_provider
+from jobqueue.engine import chains
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.reclaim import Reclaimer
 from jobqueue.operator.cli_pool import Answer, fail, print_answer, with_cli_pool
@@ -99,8 +100,16 @@ def _reclaim_stuck_jobs(args: argparse.Namespace) -> int:
 
     def reclaim(pool: ConnectionPool[DictConnection]) -> Answer:
         counts = Reclaimer(pool, config).run_once()
-        return Answer(f"requeued {counts.requeued} job(s), failed {counts.failed} as stuck",
-                      {"requeued": counts.requeued, "failed": counts.failed})
+        # NOTE: what the leader's round also does, for deployments that run this from cron.
+        with pool.connection() as conn:
+            settled = chains.sweep(conn)
+        text = f"requeued {counts.requeued} job(s), failed {counts.failed} as stuck"
+        if settled.released or settled.cancelled:
+            text += (f"; chains left waiting on ended jobs: {settled.released} released, "
+                     f"{settled.cancelled} cancelled")
+        return Answer(text, {"requeued": counts.requeued, "failed": counts.failed,
+                             "dependents_released": settled.released,
+                             "dependents_cancelled": settled.cancelled})
 
     return with_cli_pool(reclaim, args.json)
 

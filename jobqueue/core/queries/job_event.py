@@ -11,7 +11,7 @@ __all__ = [
     "JOB_QUEUED_LISTEN",
 ]
 
-# NOTE: channel names and payloads were fixed by the sa_job_record_event trigger
+# NOTE: channel names and payloads were fixed by the event trigger
 # (0005_notify_channels.sql); since 0006_notify_out_of_band.sql the processes that commit
 # transitions send them (jobqueue/core/wakeup.py). Every transition wakes sa_job_event (empty payload);
 # a job becoming queued also wakes sa_job_queued (empty when claimable now, else scheduled_for in
