@@ -1,1 +1,30 @@
-"""The job lifecycle against the database: enqueue, claim, finalize, control, reclaim."""
+"""The job lifecycle against the database: every state change of a job is made here, and only here.
+
+Each transition is one statement of jobqueue/core/queries/, run by one function of this package
+and guarded in its WHERE clause; the database's triggers refuse an illegal transition and write
+the event log, and decide none (jobqueue/sql/functions/). `transitions.record` counts and logs
+each one once it has committed.
+
+- created -> queued: `enqueue.enqueue` / `enqueue_many`, PROMPT_INSERT_WITH_JOB(_MANY); parent,
+  predecessor and chain depth of the caller's org, the org's queue cap, the idempotency key.
+- queued -> running: `claim.claim`, JOB_CLAIM_MANY(_ORG_CAPPED) or, around a row it cannot
+  write, JOB_CLAIM_IDS; queued, not waiting, due, not quarantined, SKIP LOCKED.
+- running -> failed (options it cannot run): `claim.claim`, JOB_REJECT_MANY_IF_CLAIMED.
+- running -> succeeded, queued (retry, throttled) or failed: `finalize.finish`,
+  JOB_SET_STATE_IF_RUNNING_MANY; running under this claim and attempt.
+- running -> queued at shutdown: `heartbeat.release`, JOB_RELEASE_MANY_IF_CLAIMED.
+- running -> queued or failed when stale or stuck: `reclaim.Reclaimer`,
+  JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE; still under the claim read, still stale at `as_of`.
+- queued or running -> cancelled: `control.cancel_job`, JOB_CANCEL_IF_ACTIVE; the caller's org.
+- finished -> superseded, with a new queued job: `control.retry_job` / `retry_prompt`,
+  JOB_RETRY_IF_FINISHED / JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED; never superseded before.
+- waiting -> due (not a state change): `chains.settle`, JOB_RELEASE_DEPENDENTS_MANY; the
+  predecessor succeeded.
+- queued -> cancelled as dependency_failed, down a chain: `chains.settle` / `chains.sweep`,
+  JOB_CANCEL_DEPENDENTS_MANY, JOB_CANCEL_ORPHANED_MANY; still waiting, predecessor ended or gone.
+- cancelled -> superseded, with a new waiting job: `chains.rearm`, in the retry's transaction,
+  JOB_REARM_DEPENDENTS; ended by the retried job's end, never re-armed before.
+
+A batch statement that fails on one row is split around it (`isolation.write_isolated`), and a
+row no statement can write is set aside (`quarantine.set_aside`).
+"""
