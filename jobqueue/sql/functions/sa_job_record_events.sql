@@ -6,7 +6,11 @@
 -- statement changed, where a row trigger ran a PL/pgSQL call and an INSERT per row (470 ms of
 -- the 1.3 s it took to end a chain of 10,000 jobs; bench/chains.py). A statement that changes no
 -- state (a heartbeat) joins its rows and writes nothing.
-CREATE OR REPLACE FUNCTION sa_job_record_events() RETURNS trigger LANGUAGE plpgsql AS $$
+-- NOTE: the old and new rows are joined by hash, never by a nested loop: PL/pgSQL keeps the plan
+-- it made for the first statement it saw, and a nested loop planned for a few rows took minutes
+-- over the 10,000 of a chain's end (two transition tables, no index: n x n comparisons).
+CREATE OR REPLACE FUNCTION sa_job_record_events() RETURNS trigger LANGUAGE plpgsql
+SET enable_nestloop = off AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
         INSERT INTO sa_job_event (job_id, prompt_id, org_id, created_by, from_state, to_state,
