@@ -47,7 +47,8 @@ def test_every_command_that_answers_answers_json_alone_on_stdout(
     queued = enqueue(pool, caller, "cancel me")
 
     assert _answer(cli, capsys, ["migrate", "--json"]) == {"applied": []}
-    assert _answer(cli, capsys, ["reclaim-stuck-jobs", "--json"]) == {"requeued": 0, "failed": 0}
+    assert _answer(cli, capsys, ["reclaim-stuck-jobs", "--json"]) == {
+        "requeued": 0, "failed": 0, "dependents_released": 0, "dependents_cancelled": 0}
     cancelled = _answer(cli, capsys, ["cancel-job", str(queued.job_id), "--json"])
     assert (cancelled["job_id"], cancelled["state"]) == (str(queued.job_id), "cancelled")
     retried = _answer(cli, capsys, ["retry-job", str(done.job_id), "--json"])

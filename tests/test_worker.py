@@ -148,12 +148,17 @@ def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
             t.join(10)
     finally:
         completer.close()
-    assert results == {"first": True, "good": True, "bad": "DataError"}
-    splits = [json.loads(line) for line in capsys.readouterr().err.splitlines()
-              if '"completer.batch_split"' in line]
-    assert [split["jobs"] for split in splits] == [2], "good and bad were one batch, split once"
-    assert completer.batches == 2
+    # NOTE: the bad job's outcome is not written; the job fails with the database's refusal.
+    assert results == {"first": True, "good": True, "bad": False}
+    assert completer.batches == 2, "good and bad were one batch"
     assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE state = 'succeeded'")["n"] == 2
+    failed = fetch_one(pool, "SELECT state, error_kind, error_message FROM sa_job WHERE id = %s",
+                       bad.id)
+    assert (failed["state"], failed["error_kind"]) == ("failed", "unknown")
+    assert "could not be written" in failed["error_message"]
+    lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()
+             if '"job.unwritable"' in line]
+    assert [line["job_id"] for line in lines] == [str(bad.id)]
 
 
 def test_two_workers_finalizing_the_same_job_leave_one_response(
