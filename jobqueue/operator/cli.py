@@ -10,24 +10,30 @@ patch_for_worker(sys.argv[1:])
 
 # NOTE: every import below comes after the worker's monkey-patching (E402 ignored for this file).
 import argparse
+import contextlib
+import logging
 import signal
 import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
 
 import psycopg
+import structlog
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.dbcheck import DatabaseRefused, check_connection, refusal
 from jobqueue.core.exposition import ProcessFigures, start_worker_metrics_server
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import LogLevelError, configure_logging
 from jobqueue.core.policy import BackoffConfig
+from jobqueue.core.queries.admin import SESSION_TIMEOUTS
 from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.redact import redact
-from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.core.settings import DatabaseUrlMissing, Settings, SettingsError
 from jobqueue.core.version import VERSION
 from jobqueue.devtools import fake_provider
+from jobqueue.devtools.home import database_url_advice
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.reclaim import Reclaimer
 from jobqueue.operator.cli_pool import Answer, fail, print_answer, with_cli_pool
@@ -42,7 +48,11 @@ from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker, WorkerConfig
 
-__all__ = ["main"]
+__all__ = ["LONG_RUNNING", "main"]
+
+LONG_RUNNING = frozenset({"run-worker", "fake-provider"})
+"""Commands that run until stopped and log at info by default; every other command (and `dev`'s
+own process) logs warnings and errors only unless LOG_LEVEL says otherwise."""
 
 
 class UsageError(Exception):
@@ -88,6 +98,33 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
     return Worker(pool, executor, config), close
 
 
+def _check_direct(settings: Settings) -> None:
+    """Fails at once when the direct URL (LISTEN, the maintenance session) is refused for good;
+    its users reconnect in the background and would retry such a refusal for ever."""
+    if settings.direct_database_url != settings.database_url:
+        with contextlib.suppress(psycopg.OperationalError):
+            check_connection(settings.direct_database_url, name="SA_DIRECT_DATABASE_URL")
+
+
+def _report_timeouts(worker: Worker, settings: Settings) -> None:
+    """Says where the worker's statement and lock timeouts come from when none was sent (a pooler
+    is declared): the server's settings for the role and database, which may be none."""
+    if settings.sends_timeouts or settings.pooler == "none":
+        return
+    with worker.pool.connection() as conn:
+        found = conn.execute(SESSION_TIMEOUTS).fetchone() or {}
+    wanted = {"statement_timeout": settings.statement_timeout, "lock_timeout": settings.lock_timeout}
+    missing = [name for name, seconds in wanted.items() if seconds > 0 and found.get(name) == "0"]
+    log = structlog.get_logger(__name__)
+    log.info("worker.database_timeouts", pooler=settings.pooler, source="the role's and database's settings",
+             **found)
+    if missing:
+        log.warning("worker.database_timeouts_missing", pooler=settings.pooler, missing=missing,
+                    hint="a pooler is declared (SA_DATABASE_POOLER), so no timeout is sent: "
+                         + "; ".join(f"ALTER ROLE <worker role> SET {name} = '{wanted[name]:g}s'"
+                                     for name in missing))
+
+
 def _run_worker(args: argparse.Namespace) -> int:
     settings = Settings.from_env()
     config = WorkerConfig(
@@ -98,6 +135,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
     figures = ProcessFigures()
+    _check_direct(settings)
     if settings.metrics_port and not args.once:
         # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
         # --once run is gone before a scrape could reach it.
@@ -106,6 +144,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         except OSError as exc:
             raise UsageError(f"SA_METRICS_PORT={settings.metrics_port}: {exc.strerror}") from None
     worker, close = build_worker(settings, config)
+    _report_timeouts(worker, settings)
     figures.add_pool(worker.pool).add(worker.report_slots)
     # NOTE: only long-running workers compete for the maintenance role; a --once run is too
     # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
@@ -245,15 +284,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs one subcommand; returns its exit code."""
     args = build_parser().parse_args(argv)
     try:
-        configure_logging()
+        configure_logging(default=logging.INFO if args.command in LONG_RUNNING else logging.WARNING)
         code: int = args.func(args)
-    except (SettingsError, LogLevelError, UsageError) as exc:
+    except DatabaseUrlMissing as exc:
+        fail(database_url_advice(str(exc)))
+        return 2
+    except (SettingsError, LogLevelError, UsageError, DatabaseRefused) as exc:
         fail(redact(str(exc)))
         return 2
     except MigrationError as exc:
         return fail(str(exc))
     except (psycopg.OperationalError, PoolTimeout) as exc:
-        # NOTE: libpq's reason (refused, timeout, authentication) on one line, password hidden.
+        # NOTE: libpq's reason (refused, timeout, authentication) on one line, password hidden;
+        # a refusal that retrying cannot fix is configuration (exit 2), with what to do.
+        if isinstance(exc, psycopg.OperationalError) and (refused := refusal("DATABASE_URL", exc)):
+            fail(str(refused))
+            return 2
         return fail(redact(f"database unreachable: {exc}"))
     except KeyboardInterrupt:
         return 130
