@@ -16,9 +16,6 @@ __all__ = ["PACKAGE_ROOT", "DevRunning", "clear_running", "data_dir", "database_
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder holding `jobqueue/` and `service/`: a checkout, or site-packages for the wheel."""
 
-_NOTE = "dev.json"
-
-
 def from_checkout(root: Path = PACKAGE_ROOT) -> bool:
     """True when the code runs from a source checkout (its pyproject.toml beside the packages)."""
     return (root / "pyproject.toml").is_file()
@@ -53,9 +50,14 @@ class DevRunning:
     database_url: str
 
 
+def _note(pid: int, folder: Path | None) -> Path:
+    # NOTE: one note per process, so two `sa-core dev` on two ports never overwrite each other's.
+    return (folder or data_dir()) / f"dev-{pid}.json"
+
+
 def write_running(note: DevRunning, folder: Path | None = None) -> None:
-    """Writes the running note (mode 0600: the database URL may carry a password)."""
-    path = (folder or data_dir()) / _NOTE
+    """Writes this process's running note (mode 0600: the database URL may carry a password)."""
+    path = _note(note.pid, folder)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as out:
@@ -63,35 +65,45 @@ def write_running(note: DevRunning, folder: Path | None = None) -> None:
 
 
 def clear_running(folder: Path | None = None) -> None:
-    """Removes the running note, if it is this process's."""
-    note = read_running(folder)
-    if note is not None and note.pid == os.getpid():
-        (folder or data_dir()).joinpath(_NOTE).unlink(missing_ok=True)
+    """Removes this process's running note, if any."""
+    _note(os.getpid(), folder).unlink(missing_ok=True)
 
 
-def read_running(folder: Path | None = None) -> DevRunning | None:
-    """The note of a `sa-core dev` whose process still lives, else None."""
+def _alive(pid: int) -> bool:
     try:
-        fields = json.loads(((folder or data_dir()) / _NOTE).read_text())
-        note = DevRunning(int(fields["pid"]), str(fields["url"]), str(fields["database_url"]))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    try:
-        os.kill(note.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
-        return None
+        return False
     except PermissionError:  # NOTE: alive, another user's.
         pass
-    return note
+    return True
+
+
+def read_running(folder: Path | None = None) -> list[DevRunning]:
+    """The notes of every `sa-core dev` whose process still lives, oldest first."""
+    found: list[tuple[float, DevRunning]] = []
+    for path in (folder or data_dir()).glob("dev-*.json"):
+        try:
+            fields = json.loads(path.read_text())
+            note = DevRunning(int(fields["pid"]), str(fields["url"]), str(fields["database_url"]))
+            written = path.stat().st_mtime
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if _alive(note.pid):
+            found.append((written, note))
+    return [note for _, note in sorted(found, key=lambda pair: pair[0])]
 
 
 def database_url_advice(message: str) -> str:
     """`message` (DATABASE_URL is not set) with what to do now: while `sa-core dev` runs, the
     line to paste; in a checkout, `make run`; else `message` as it is."""
     running = read_running()
-    if running is not None:
-        return (f"DATABASE_URL is not set; `sa-core dev` is running ({running.url}): paste the "
-                f"export line it printed, or: export DATABASE_URL={shlex.quote(running.database_url)}")
+    if running:
+        latest = running[-1]
+        others = f" (and {len(running) - 1} more)" if len(running) > 1 else ""
+        return (f"DATABASE_URL is not set; `sa-core dev` is running at {latest.url}{others}: paste "
+                "the export line it printed, or: "
+                f"export DATABASE_URL={shlex.quote(latest.database_url)}")
     if from_checkout():
         return ("DATABASE_URL is not set: start `make run` in another terminal (it prints the "
                 "export line to paste here), or export DATABASE_URL=postgresql://USER@HOST:5432/DBNAME "

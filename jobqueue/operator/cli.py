@@ -16,6 +16,7 @@ import signal
 import uuid
 from collections.abc import Callable, Sequence
 from types import FrameType
+from typing import NoReturn, cast
 
 import psycopg
 import structlog
@@ -57,6 +58,15 @@ own process) logs warnings and errors only unless LOG_LEVEL says otherwise."""
 
 class UsageError(Exception):
     """The command cannot run as asked; printed without a traceback, exit code 2."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, whose refusal of an argument is one line on stderr (exit 2), like every other
+    error of `sa-core`, instead of the usage text followed by the error."""
+
+    def error(self, message: str) -> NoReturn:
+        """Prints `PROG: error: MESSAGE (see PROG --help)` and exits 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -225,13 +235,16 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="sa-core", description=__doc__,
         epilog="Answers go to stdout, logs and errors to stderr (JSON lines; LOG_LEVEL sets the level). "
                "Exit codes: 0 done; 1 failed (unknown id, refused, database unreachable); "
                "2 bad arguments or configuration.")
     parser.add_argument("--version", action="version", version=f"sa-core {VERSION}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # NOTE: every subcommand's parser is a _OneLineParser too (argparse makes them of the parent's
+    # class); the command modules take the base type.
+    sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+               parser.add_subparsers(dest="command", required=True))
 
     migrating = sub.add_parser(
         "migrate", help="apply pending SQL migrations (shipped in the package)",
