@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 from functools import partial
 from typing import Any
 
@@ -14,7 +13,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection, open_pool
-from jobqueue.core.dbcheck import DatabaseRefused, check_connection
+from jobqueue.core.dbcheck import DatabaseRefused, check_urls
 from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
 from jobqueue.core.exposition import ProcessFigures
 from jobqueue.core.listener import NotificationListener
@@ -121,9 +120,8 @@ def _open_own(settings: Settings | None) -> tuple[Settings, ConnectionPool[DictC
     refused connection) is one log line and the end of the web (gunicorn stops, exit code 3)."""
     try:
         settings = settings or Settings.from_env()
-        if settings.listen and settings.direct_database_url != settings.database_url:
-            with contextlib.suppress(psycopg.OperationalError):
-                check_connection(settings.direct_database_url, name="SA_DIRECT_DATABASE_URL")
+        check_urls({"DATABASE_URL": settings.database_url,
+                    **({"SA_DIRECT_DATABASE_URL": settings.direct_database_url} if settings.listen else {})})
         pool = open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
                          checkout_timeout=5.0, prepare=settings.prepared_statements)
     except (SettingsError, DatabaseRefused) as exc:

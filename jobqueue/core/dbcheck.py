@@ -3,13 +3,16 @@ refused startup parameter) from one that may pass (a server down, restarting or 
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Mapping
 
 import psycopg
 
 from jobqueue.core.redact import redact
 
-__all__ = ["CONNECT_TIMEOUT", "DatabaseRefused", "check_connection", "permanent_reason", "refusal"]
+__all__ = ["CONNECT_TIMEOUT", "DatabaseRefused", "check_connection", "check_urls",
+           "permanent_reason", "refusal"]
 
 CONNECT_TIMEOUT = 2
 """Seconds a check waits for the server (libpq's smallest connect_timeout)."""
@@ -83,3 +86,17 @@ def check_connection(conninfo: str, *, name: str, timeout: int = CONNECT_TIMEOUT
         if refused is None:
             raise
         raise refused from None
+
+
+def check_urls(urls: Mapping[str, str]) -> None:
+    """Checks each distinct URL of `urls` (setting name -> conninfo) with `check_connection`.
+
+    Raises:
+        DatabaseRefused: one is refused for good (a server that is down is left to the pools).
+    """
+    checked: set[str] = set()
+    for name, url in urls.items():
+        if url not in checked:
+            checked.add(url)
+            with contextlib.suppress(psycopg.OperationalError):
+                check_connection(url, name=name)

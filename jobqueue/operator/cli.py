@@ -10,7 +10,6 @@ patch_for_worker(sys.argv[1:])
 
 # NOTE: every import below comes after the worker's monkey-patching (E402 ignored for this file).
 import argparse
-import contextlib
 import logging
 import signal
 import uuid
@@ -23,7 +22,7 @@ import structlog
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobqueue.core.db import DictConnection, open_pool
-from jobqueue.core.dbcheck import DatabaseRefused, check_connection, refusal
+from jobqueue.core.dbcheck import DatabaseRefused, check_urls, refusal
 from jobqueue.core.exposition import ProcessFigures, start_worker_metrics_server
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import LogLevelError, configure_logging
@@ -108,14 +107,6 @@ def build_worker(settings: Settings, config: WorkerConfig) -> tuple[Worker, Call
     return Worker(pool, executor, config), close
 
 
-def _check_direct(settings: Settings) -> None:
-    """Fails at once when the direct URL (LISTEN, the maintenance session) is refused for good;
-    its users reconnect in the background and would retry such a refusal for ever."""
-    if settings.direct_database_url != settings.database_url:
-        with contextlib.suppress(psycopg.OperationalError):
-            check_connection(settings.direct_database_url, name="SA_DIRECT_DATABASE_URL")
-
-
 def _report_timeouts(worker: Worker, settings: Settings) -> None:
     """Says where the worker's statement and lock timeouts come from when none was sent (a pooler
     is declared): the server's settings for the role and database, which may be none."""
@@ -145,7 +136,10 @@ def _run_worker(args: argparse.Namespace) -> int:
         heartbeat_interval=settings.heartbeat_interval, shutdown_grace=settings.shutdown_grace,
     )
     figures = ProcessFigures()
-    _check_direct(settings)
+    # NOTE: the direct URL's users (LISTEN, the maintenance session) reconnect in the background
+    # and would retry a refusal for good for ever.
+    check_urls({"DATABASE_URL": settings.worker_database_url,
+                "SA_DIRECT_DATABASE_URL": settings.direct_database_url})
     if settings.metrics_port and not args.once:
         # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
         # --once run is gone before a scrape could reach it.

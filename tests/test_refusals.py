@@ -1,15 +1,20 @@
-"""The CLI's refusals as a user meets them: one line on stderr, nothing on stdout, exit code 2, and
-what to do (a duration too large for a date, a database that refuses for good, no DATABASE_URL)."""
+"""Refusals as a user meets them: one line naming the problem and what to do, never a traceback.
+The CLI (exit 2): a duration too large for a date, a database that refuses for good, no
+DATABASE_URL. The web (gunicorn stops, exit 3): a database that refuses for good."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from psycopg.conninfo import make_conninfo
+
+from tests.hosts import free_port, procfile_command
 
 REPO = Path(__file__).resolve().parent.parent
 SA_CORE = str(Path(sys.executable).parent / "sa-core")
@@ -53,3 +58,20 @@ def test_without_database_url_a_command_says_what_to_do() -> None:
     # NOTE: from a checkout: start `make run`, which prints the line to paste (test_dev.py shows
     # the answer while one runs, which another test's `sa-core dev` may be doing now).
     assert "make run" in line or "`sa-core dev` is running at" in line
+
+
+def test_a_web_whose_database_refuses_for_good_stops_with_one_line_naming_it(database_url: str) -> None:
+    missing = make_conninfo(database_url, dbname="sa_no_such_database")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SA_")}
+    started = time.monotonic()
+    done = subprocess.run(["sh", "-c", f"exec {procfile_command('web')}"], cwd=REPO, timeout=120,
+                          env={**env, "DATABASE_URL": missing, "PORT": str(free_port()),
+                               "WEB_CONCURRENCY": "1", "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"},
+                          capture_output=True, text=True)
+    # NOTE: gunicorn's "worker failed to boot": the master stops instead of respawning the worker.
+    assert done.returncode == 3 and time.monotonic() - started < 30
+    events = [json.loads(line) for line in done.stderr.splitlines()]
+    loud = [e for e in events if e["level"] in ("warning", "error", "critical")]
+    assert [e["event"] for e in loud] == ["web.cannot_start"], loud
+    assert 'database "sa_no_such_database" does not exist' in loud[0]["reason"]
+    assert "Traceback" not in done.stderr
