@@ -68,7 +68,7 @@ def dev(database_url: str) -> Iterator[tuple[Dev, int]]:
     test empties)."""
     name = f"sa_dev_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{name}"')
     port = free_port()
     env = {key: value for key, value in os.environ.items()
            if not key.startswith("SA_") and key not in ("LOG_LEVEL", "DATABASE_URL")}
@@ -79,7 +79,7 @@ def dev(database_url: str) -> Iterator[tuple[Dev, int]]:
     finally:
         assert running.stop() == 0, running.seen()[-20:]
         with psycopg.connect(database_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _environment(exports: str) -> dict[str, str]:

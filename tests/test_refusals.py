@@ -63,11 +63,11 @@ def test_without_database_url_a_command_says_what_to_do() -> None:
 def test_a_web_whose_database_refuses_for_good_stops_with_one_line_naming_it(database_url: str) -> None:
     missing = make_conninfo(database_url, dbname="sa_no_such_database")
     env = {key: value for key, value in os.environ.items() if not key.startswith("SA_")}
+    env.update(DATABASE_URL=missing, PORT=str(free_port()), WEB_CONCURRENCY="1",
+               PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
     started = time.monotonic()
     done = subprocess.run(["sh", "-c", f"exec {procfile_command('web')}"], cwd=REPO, timeout=120,
-                          env={**env, "DATABASE_URL": missing, "PORT": str(free_port()),
-                               "WEB_CONCURRENCY": "1", "PATH": f"{Path(sys.executable).parent}:{env['PATH']}"},
-                          capture_output=True, text=True)
+                          env=env, capture_output=True, text=True)
     # NOTE: gunicorn's "worker failed to boot": the master stops instead of respawning the worker.
     assert done.returncode == 3 and time.monotonic() - started < 30
     events = [json.loads(line) for line in done.stderr.splitlines()]
