@@ -1,5 +1,5 @@
-"""Every command in README.md and docs/*.md runs as a reader would paste it, against the service the
-README's first command starts (`make run`).
+"""Every command in README.md, docs/*.md and ops/README.md runs as a reader would paste it, against
+the service the README's first command starts (`make run`).
 
 How to write a fenced block in those files (the info string after the opening backticks):
 
@@ -7,14 +7,15 @@ How to write a fenced block in those files (the info string after the opening ba
   One bash runs the document's ``sh`` and ``python`` blocks in order (`set -euo pipefail`: every
   command must succeed; write one that is meant to fail as `... || echo "exit code $?"`), with
   that line's environment (SA_API_URL, SA_API_TOKEN, DATABASE_URL, SA_WORKER_METRICS_URL, PATH
-  with the venv's bin). README.md runs from the repository's root, each docs/ file from an empty
-  temporary directory. Shell variables carry over between the blocks of one document, never
+  with the venv's bin). README.md runs from the repository's root, every other file from an
+  empty temporary directory. Shell variables carry over between the blocks of one document, never
   between documents; nothing may rely on another document having run.
 - ``python``: a program, run in that same sequence with the `python3` of that PATH (the venv's).
 - ``sh-long``: commands too long for a test or that change the machine (a server in the
   foreground, benchmarks, installs). Each line is checked, not run: `make TARGET` with
-  `make -n TARGET`; `sa-core SUB ...` and `PYTHON -m MODULE ...` with their `--help`, which must
-  list every `--flag` the line uses; any other program only if ELSEWHERE names where it is
+  `make -n TARGET`; `sa-core SUB ...`, any other program of the venv's bin (gunicorn) and
+  `PYTHON -m MODULE ...` with their `--help`, which must list every `--flag` the line uses;
+  `export` and `cd` as they are; any other program only if ELSEWHERE names where it is
   exercised. Say in the text what runs them for real, if anything does.
 - ``text`` (and ``json``, ``ini``, ``sql``): output, shapes and file contents; never run.
 
@@ -47,14 +48,16 @@ from tests.conftest import wait_for
 from tests.hosts import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "ops" / "README.md"]
 RUN = {"sh", "python"}
 NEVER_RUN = {"text", "json", "ini", "sql"}
 ELSEWHERE = {
     "pip": "tests/test_deployable.py installs the wheel into a fresh venv (with uv pip)",
+    "psql": "tests/test_ops_sql.py runs every script of jobqueue/sql/ops/ with psql",
 }
-"""Programs an ``sh-long`` line may start with besides make, sa-core and `python -m`: where each
-is exercised instead."""
+"""Programs an ``sh-long`` line may start with besides make, the venv's and `python -m`: where
+each is exercised instead."""
+BUILTINS = {"export", "cd"}
 
 _FENCE = re.compile(r"^```(\S*)")
 
@@ -100,7 +103,7 @@ def _commands(code: str) -> list[list[str]]:
         words = shlex.split(line, comments=True)
         current: list[str] = []
         for word in [*words, ";"]:
-            if word in ("&&", "||", ";", "|"):
+            if word in ("&&", "||", ";", "|", "&"):
                 if current:
                     commands.append(current)
                 current = []
@@ -127,6 +130,8 @@ def _checker(command: list[str]) -> tuple[str, ...] | None:
                 *[word for word in rest if not word.startswith("-")][:1], "--help")
     if re.fullmatch(r"python[\d.]*", base) and rest[:1] == ["-m"] and len(rest) > 1:
         return (sys.executable, "-m", rest[1], "--help")
+    if (Path(sys.executable).parent / base).is_file():
+        return (str(Path(sys.executable).parent / base), "--help")
     return None
 
 
@@ -134,8 +139,8 @@ def _check_long(command: list[str]) -> str | None:
     """Why `command` (an ``sh-long`` line) would not work as written, or None."""
     checker = _checker(command)
     if checker is None:
-        return None if Path(command[0]).name in ELSEWHERE else \
-            f"{command[0]}: not make, sa-core or `python -m`, and not in ELSEWHERE"
+        return None if Path(command[0]).name in {*ELSEWHERE, *BUILTINS} else \
+            f"{command[0]}: not make, sa-core, the venv's or `python -m`, and not in ELSEWHERE"
     done = _help(checker)
     if done.returncode != 0:
         return f"{' '.join(checker)} exited {done.returncode}: {done.stderr.strip()[-300:]}"
@@ -228,7 +233,7 @@ def _script(path: Path) -> str:
 @pytest.mark.parametrize("path", [p for p in DOCUMENTS if any(b.info in RUN for b in blocks(p))],
                          ids=_name)
 def test_the_commands_run_as_pasted(path: Path, pasted: dict[str, str], tmp_path: Path) -> None:
-    cwd = REPO if path.parent == REPO else tmp_path
+    cwd = REPO if path == REPO / "README.md" else tmp_path
     done = subprocess.run(["bash", "-c", _script(path)], cwd=cwd, env=pasted, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, f"{_name(path)}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
