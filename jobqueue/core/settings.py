@@ -13,7 +13,7 @@ from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load
 
 __all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL", "DEFAULT_PRIORITY_AGING",
            "KEY_TTL_SECONDS", "POOLERS", "DatabaseUrlMissing", "Settings", "SettingsError",
-           "notify_interval"]
+           "metrics_port", "notify_interval"]
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A chat completion is kilobytes; megabytes mean a misbehaving server (SA_PROVIDER_MAX_RESPONSE_BYTES)."""
@@ -145,6 +145,16 @@ def notify_interval(env: Mapping[str, str] | None = None) -> float:
                   DEFAULT_NOTIFY_INTERVAL, minimum=-1.0)
 
 
+def metrics_port(env: Mapping[str, str] | None = None) -> int:
+    """Reads `SA_METRICS_PORT` (0: none); on its own for `sa-core dev`, which runs without
+    DATABASE_URL and hands its worker this port.
+
+    Raises:
+        SettingsError: not a TCP port.
+    """
+    return _port(os.environ if env is None else env, "SA_METRICS_PORT")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob of the interface contract (docs/architecture.md), in seconds where it is a duration."""
@@ -249,7 +259,7 @@ class Settings:
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             priority_aging=_float(env, "SA_PRIORITY_AGING", DEFAULT_PRIORITY_AGING),
-            metrics_port=_port(env, "SA_METRICS_PORT"),
+            metrics_port=metrics_port(env),
             statement_timeout=_seconds_or_off(env, "SA_STATEMENT_TIMEOUT", 30.0),
             lock_timeout=_seconds_or_off(env, "SA_LOCK_TIMEOUT", 10.0),
             retention_interval=_float(env, "SA_RETENTION_INTERVAL", 3600.0),

@@ -20,6 +20,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from jobqueue.core.db import open_pool
 from jobqueue.core.dbcheck import DatabaseRefused
+from jobqueue.core.settings import metrics_port
 from jobqueue.core.tokens import create_token
 from jobqueue.devtools.embedded_db import database_url, pgdata_dir, start_embedded
 from jobqueue.devtools.fake_provider import FakeProvider
@@ -97,10 +98,13 @@ def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
 
 
 def _metrics_port(port: int) -> int:
-    """SA_METRICS_PORT when set, else the web's port + 1 when free, else any free port."""
-    given = os.environ.get("SA_METRICS_PORT", "")
-    if given and given != "0":
-        return int(given)
+    """SA_METRICS_PORT when set, else the web's port + 1 when free, else any free port.
+
+    Raises:
+        SettingsError: SA_METRICS_PORT is not a port.
+    """
+    if given := metrics_port():
+        return given
     if port + 1 <= 65535 and not _port_in_use(port + 1):
         return port + 1
     with socket.socket() as probe:
