@@ -76,11 +76,16 @@ def check_connection(conninfo: str, *, name: str, timeout: int = CONNECT_TIMEOUT
         timeout: seconds to wait for the server.
 
     Raises:
-        DatabaseRefused: the refusal will not go away (retrying is pointless).
+        DatabaseRefused: the refusal will not go away (retrying is pointless), or `conninfo` is
+            malformed (the message never repeats it).
         psycopg.OperationalError: the server cannot be reached now (down, restarting, full).
     """
     try:
         psycopg.connect(conninfo, connect_timeout=max(CONNECT_TIMEOUT, timeout)).close()
+    except psycopg.ProgrammingError:
+        # NOTE: libpq's parse error quotes the whole string, password included.
+        raise DatabaseRefused(f"{name} is malformed: neither a postgresql:// URI nor key=value "
+                              "pairs (value not shown: it may hold a password)") from None
     except psycopg.OperationalError as exc:
         refused = refusal(name, exc)
         if refused is None:

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from jobqueue.core.db import open_pool
-from jobqueue.core.dbcheck import DatabaseRefused
+from jobqueue.core.dbcheck import DatabaseRefused, check_connection
 from jobqueue.core.settings import metrics_port
 from jobqueue.core.tokens import create_token
 from jobqueue.devtools.embedded_db import database_url, pgdata_dir, start_embedded
@@ -68,6 +68,10 @@ def _resolve_database() -> str:
     """Returns DATABASE_URL, or the conninfo of the embedded server's `sa_core` database."""
     url = os.environ.get("DATABASE_URL", "")
     if url:
+        # NOTE: first, so that a malformed URL is named without being shown (it may hold a
+        # password) and a refusal for good is one line; a server that is down, migrate reports.
+        with contextlib.suppress(psycopg.OperationalError):
+            check_connection(url, name="DATABASE_URL")
         _banner(f"DATABASE: DATABASE_URL from the environment -> {_describe(url)}")
         return url
     admin = start_embedded()
@@ -174,7 +178,7 @@ def _wait_ready(port: int, children: dict[str, subprocess.Popen[bytes]], stop: _
     return None
 
 
-def exports(base: str, token: str, database: str, worker_metrics: str, bin_dir: Path) -> str:
+def _exports(base: str, token: str, database: str, worker_metrics: str, bin_dir: Path) -> str:
     """The shell line that points another terminal's commands (curl, the CLI) at this service.
 
     NOTE: SA_API_URL and SA_API_TOKEN are what `sa-core run-prompt` and `submit` read, and the
@@ -186,16 +190,16 @@ def exports(base: str, token: str, database: str, worker_metrics: str, bin_dir: 
             f"DATABASE_URL={shlex.quote(database)} SA_WORKER_METRICS_URL={worker_metrics}")
 
 
-def _print_ready(port: int, metrics_port: int, token: str, database: str, bin_dir: Path) -> None:
+def _print_ready(port: int, worker_port: int, token: str, database: str, bin_dir: Path) -> None:
     base = f"http://127.0.0.1:{port}"
-    worker_metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    worker_metrics = f"http://127.0.0.1:{worker_port}/metrics"
     lines = [
         _RULE,
         f"== sa-core is READY at {base}   (Ctrl-C stops everything)",
         f"== demo token (org 1, user 1): {token}",
         f"== metrics: web {base}/metrics, worker {worker_metrics}",
         "== in another terminal, paste this line, then try the README's walk-through:",
-        exports(base, token, database, worker_metrics, bin_dir),
+        _exports(base, token, database, worker_metrics, bin_dir),
         _RULE,
     ]
     print(*lines, sep="\n", flush=True)
@@ -229,7 +233,7 @@ def run_dev(port: int) -> int:
         print(f"sa-core dev: port {port} is already in use; pick another with --port (make run PORT=...)",
               file=sys.stderr, flush=True)
         return 1
-    metrics_port = _metrics_port(port)
+    worker_port = _metrics_port(port)
     try:
         url = _resolve_database()
         applied = migrate(url)
@@ -263,7 +267,7 @@ def run_dev(port: int) -> int:
             [str(bin_dir / "gunicorn"), "-c", "python:service.gunicorn_conf", "service.app:create_app()"], env
         )
         children["worker"] = _spawn([sys.executable, "-m", "jobqueue.operator.cli", "run-worker"],
-                                    {**env, "SA_METRICS_PORT": str(metrics_port)})
+                                    {**env, "SA_METRICS_PORT": str(worker_port)})
         for child in children.values():
             relay.follow(child)
         failure = _wait_ready(port, children, stop)
@@ -273,7 +277,7 @@ def run_dev(port: int) -> int:
             return 1
         if stop.requested:
             return 0
-        _print_ready(port, metrics_port, token, url, bin_dir)
+        _print_ready(port, worker_port, token, url, bin_dir)
         relay.open()
         write_running(DevRunning(os.getpid(), f"http://127.0.0.1:{port}", url))
         return _supervise(children, stop)

@@ -233,7 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sa-core", description=__doc__,
         epilog="Answers go to stdout, logs and errors to stderr (JSON lines; LOG_LEVEL sets the level). "
                "Exit codes: 0 done; 1 failed (unknown id, refused, database unreachable); "
-               "2 bad arguments or configuration.")
+               "2 bad arguments or configuration (a database that refuses the connection for "
+               "good included).")
     parser.add_argument("--version", action="version", version=f"sa-core {VERSION}")
     # NOTE: every subcommand's parser is a _OneLineParser too (argparse makes them of the parent's
     # class); the command modules take the base type.
