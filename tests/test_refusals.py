@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,15 @@ def test_a_database_that_refuses_for_good_is_named_with_what_to_do(database_url:
     stranger = make_conninfo(database_url, user="sa_no_such_role")
     line = _refusal(["migrate"], {**os.environ, "DATABASE_URL": stranger})
     assert 'role "sa_no_such_role" does not exist' in line and "credentials" in line
+
+
+def test_a_malformed_database_url_is_named_never_shown() -> None:
+    password = f"pw-{uuid.uuid4().hex}"
+    for argv in (["list-jobs"], ["run-worker"], ["dev", "--port", str(free_port())]):
+        done = subprocess.run([SA_CORE, *argv], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "DATABASE_URL": f"postgres//sa:{password}@127.0.0.1/sa"})
+        assert done.returncode in (1, 2) and password not in done.stdout + done.stderr
+        assert "DATABASE_URL is malformed" in done.stderr, done.stderr
 
 
 def test_without_database_url_a_command_says_what_to_do() -> None:

@@ -7,6 +7,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load_routes
@@ -101,6 +102,16 @@ def _port(env: Mapping[str, str], name: str) -> int:
     value = _int(env, name, 0, minimum=0)
     if value > 65535:
         raise SettingsError(f"{name} must be a TCP port (1..65535) or 0 for none, got {value}")
+    return value
+
+
+def _conninfo(name: str, value: str) -> str:
+    """`value` when libpq can parse it; the error never repeats it (it may hold a password)."""
+    try:
+        conninfo_to_dict(value)
+    except psycopg.ProgrammingError:
+        raise SettingsError(f"{name} is malformed: neither a postgresql:// URI nor key=value pairs "
+                            "(value not shown: it may hold a password)") from None
     return value
 
 
@@ -213,7 +224,8 @@ class Settings:
         """Builds settings from `env` (default `os.environ`).
 
         Raises:
-            SettingsError: a variable is malformed or DATABASE_URL is missing.
+            SettingsError: a variable is malformed (a connection string too) or DATABASE_URL is
+                missing.
         """
         env = os.environ if env is None else env
         database_url = env.get("DATABASE_URL", "")
@@ -225,7 +237,9 @@ class Settings:
             routes = load_routes(env)
         except RouteError as exc:
             raise SettingsError(str(exc)) from None
-        direct_database_url = env.get("SA_DIRECT_DATABASE_URL") or database_url
+        _conninfo("DATABASE_URL", database_url)
+        direct_database_url = _conninfo("SA_DIRECT_DATABASE_URL",
+                                        env.get("SA_DIRECT_DATABASE_URL") or database_url)
         pooler = _pooler(env, database_url, direct_database_url)
         return cls(
             database_url=database_url,
