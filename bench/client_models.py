@@ -4,8 +4,8 @@ Usage: python bench/client_models.py MODEL CLIENT N PORT [SECONDS]
   MODEL  threads | gevent | asyncio | uvloop
   CLIENT httpclient | urllib3 | httpx (threads, gevent); aiohttp | httpx (asyncio, uvloop)
 
-The quick prototype behind sa-core's choice of gevent + the stdlib client (README "Why this
-concurrency model and HTTP client"): no database, only the calls, against
+The quick prototype behind sa-core's choice of gevent + the stdlib client (docs/decisions.md,
+docs/performance.md): no database, only the calls, against
 `python -m bench.slow_provider --port PORT` (answers after 1 s). Each of N loops makes one call
 after another; after 2.5 s of warm-up it counts calls for SECONDS (default 5) and prints calls/s,
 calls/s as a fraction of N / 1 s, CPU ms per call and peak RSS as one JSON line. It needs a

@@ -1,4 +1,4 @@
-"""Takes the README's screenshots of the mission pages (docs/mission-*.png) with Debian's Chromium.
+"""Takes docs/mission.md's screenshots of the mission pages (docs/mission-*.png) with Debian's Chromium.
 
 Run from the repository root: `.venv/bin/python docs/screenshots.py` (needs the local Postgres,
 or SA_TEST_DATABASE_URL, and `apt-get install chromium chromium-driver`). It starts the fake

@@ -13,12 +13,13 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.dbcheck import DatabaseRefused, check_urls
 from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
 from jobqueue.core.exposition import ProcessFigures
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
 from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
-from jobqueue.core.settings import Settings
+from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.core.tokens import Authenticator
 from service.auth import API_PREFIX, AuthMiddleware
 from service.event_hub import EventHub
@@ -110,6 +111,25 @@ def _caching_authenticator(pool: ConnectionPool[DictConnection],
     return authenticator
 
 
+_BOOT_ERROR = 3
+"""gunicorn's WORKER_BOOT_ERROR: a worker exiting with it makes the master stop, not respawn it."""
+
+
+def _open_own(settings: Settings | None) -> tuple[Settings, ConnectionPool[DictConnection]]:
+    """Reads the settings and opens the web's pool; a problem retrying cannot fix (a setting, a
+    refused connection) is one log line and the end of the web (gunicorn stops, exit code 3)."""
+    try:
+        settings = settings or Settings.from_env()
+        check_urls({"DATABASE_URL": settings.database_url,
+                    **({"SA_DIRECT_DATABASE_URL": settings.direct_database_url} if settings.listen else {})})
+        pool = open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
+                         checkout_timeout=5.0, prepare=settings.prepared_statements)
+    except (SettingsError, DatabaseRefused) as exc:
+        log.error("web.cannot_start", reason=str(exc))
+        raise SystemExit(_BOOT_ERROR) from None
+    return settings, pool
+
+
 def create_app(
     settings: Settings | None = None,
     pool: ConnectionPool[DictConnection] | None = None,
@@ -129,16 +149,15 @@ def create_app(
     """
     # NOTE: as gunicorn_conf.JsonLogger: no log thread in a process gevent may patch (LineLogger).
     configure_logging(buffered=False)
-    settings = settings or Settings.from_env()
     owns_pool = pool is None
     if pool is None:
-        pool = open_pool(settings.database_url, name="web", max_size=settings.pool_max_size,
-                         checkout_timeout=5.0, prepare=settings.prepared_statements)
+        settings, pool = _open_own(settings)
         # NOTE: closed at exit, not left to the garbage collector: under gevent a pool finalized
         # during interpreter shutdown fails to join its worker threads and prints a traceback.
         atexit.register(pool.close)
         authenticator = _caching_authenticator(pool, settings)
     else:
+        settings = settings or Settings.from_env()
         authenticator = Authenticator(pool)
     # NOTE: the request context comes first, so its request id, log line and latency cover auth
     # too. Auth judges the routed request from its headers; only then are body limits checked

@@ -124,8 +124,51 @@ def on_exit(server: Any) -> None:
         shutil.rmtree(_OWN_MULTIPROC_DIR, ignore_errors=True)
 
 
+_BOOT_ERROR = 3
+"""The exit code gunicorn gives a worker that failed to boot (service/app.py uses it too)."""
+
+
+def _refusal_from_a_child() -> str | None:
+    """Reads the settings and checks the database in a forked child, whose imports die with it.
+
+    NOTE: the master must not import psycopg (jobqueue/core/logs.py says why), yet a setting
+    that is wrong or a database that refuses for good should stop the web with one line before
+    any worker boots (each would log it, then gunicorn its own lines); a server that is down is
+    left to the workers' pools, which wait for it.
+    """
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        message = ""
+        try:
+            from jobqueue.core.dbcheck import DatabaseRefused, check_urls
+            from jobqueue.core.settings import Settings, SettingsError
+
+            try:
+                settings = Settings.from_env()
+                check_urls({"DATABASE_URL": settings.database_url,
+                            **({"SA_DIRECT_DATABASE_URL": settings.direct_database_url}
+                               if settings.listen else {})})
+            except (SettingsError, DatabaseRefused) as exc:
+                message = str(exc)
+        finally:
+            os.write(write, message.encode())
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as answer:
+        said = answer.read().decode()
+    os.waitpid(pid, 0)
+    return said or None
+
+
 def on_starting(server: Any) -> None:
-    """Empties PROMETHEUS_MULTIPROC_DIR (when set) so counters from a previous run do not leak in."""
+    """Stops at once (exit 3, one line) on a setting or database refusal retrying cannot fix; empties
+    PROMETHEUS_MULTIPROC_DIR (when set) so counters from a previous run do not leak in."""
+    if (refused := _refusal_from_a_child()) is not None:
+        structlog.get_logger(__name__).error("web.cannot_start", reason=refused)
+        on_exit(server)  # NOTE: gunicorn calls it only after a start.
+        raise SystemExit(_BOOT_ERROR)
     directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
     if directory:
         path = Path(directory)

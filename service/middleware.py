@@ -12,12 +12,15 @@ import structlog
 
 from jobqueue.core import metrics
 
-__all__ = ["REQUEST_ID_HEADER", "UNMATCHED_ROUTE", "RequestContextMiddleware"]
+__all__ = ["PROBE_ROUTES", "REQUEST_ID_HEADER", "UNMATCHED_ROUTE", "RequestContextMiddleware"]
 
 REQUEST_ID_HEADER = "X-Request-ID"
 
 UNMATCHED_ROUTE = "unmatched"
 """The `route` label of a request no route matched (404): never the raw path."""
+
+PROBE_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+"""Routes machines poll; their `http.request` line is at debug unless they answer 5xx."""
 
 # NOTE: a caller's id is echoed into a response header and every log line of the request, so it
 # must be short and plain; anything else is replaced by a fresh one.
@@ -42,7 +45,8 @@ class RequestContextMiddleware:
       response's `X-Request-ID` and bound (structlog contextvars) to every log line of the request;
     - `sa_http_request_seconds{route,method,status}`, where `route` is Falcon's uri_template,
       never the raw path (job ids would make the label set unbounded);
-    - one `http.request` log line with method, route, status, duration and the caller's org.
+    - one `http.request` log line with method, route, status, duration and the caller's org
+      (at debug for PROBE_ROUTES answering below 500).
 
     NOTE: for a streamed body (SSE) the figures cover the time to the response headers.
     """
@@ -77,7 +81,10 @@ class RequestContextMiddleware:
         status = resp.status_code
         metrics.HTTP_REQUEST_SECONDS.labels(route=route, method=method, status=str(status)).observe(elapsed)
         caller = getattr(req.context, "caller", None)
-        log.info("http.request", method=method, route=route, path=req.path, status=status,
+        # NOTE: a load balancer's or Prometheus's probe every few seconds would bury the requests
+        # people make; one that answers 5xx still shows.
+        write = log.debug if route in PROBE_ROUTES and status < 500 else log.info
+        write("http.request", method=method, route=route, path=req.path, status=status,
                  duration_ms=round(elapsed * 1000, 3), request_id=request_id,
                  org_id=getattr(caller, "org_id", None), user_id=getattr(caller, "user_id", None))
         structlog.contextvars.clear_contextvars()

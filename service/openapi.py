@@ -667,7 +667,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
                 "Asynchronous prompt execution. Every route under /sa-core/v1 (but this document) "
                 "needs `Authorization: Bearer <token>`. Errors are JSON `{title, description}`. "
                 "Another org's objects answer 404, exactly like missing ones; members of one org "
-                "share its prompts and jobs (see the README's Tenancy section). Request bodies "
+                "share its prompts and jobs (docs/api.md, Tenancy). Request bodies "
                 "must be `application/json`, at most SA_MAX_BODY_BYTES."),
         },
         "servers": [{"url": "/"}],

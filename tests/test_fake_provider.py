@@ -187,3 +187,22 @@ def test_config_validation_and_cli_arguments() -> None:
     assert config_from_args(args) == FakeConfig(latency=0.5, fail_rate=0.1, seed=7, verbose=True)
     with pytest.raises(SystemExit):
         parser.parse_args(["--hang-rate", "2"])
+
+
+def test_every_marker_and_option_is_in_the_fake_providers_page() -> None:
+    # NOTE: the module's docstring sits beside the code that parses the markers; the page is
+    # what a newcomer reads (docs/fake-provider.md), so it may not fall behind.
+    import re
+    from pathlib import Path
+
+    from jobqueue.devtools import fake_provider
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "fake-provider.md").read_text()
+    markers = set(re.findall(r"\[fake:([a-z0-9-]+)", fake_provider.__doc__ or ""))
+    assert {"latency", "hang", "429", "flaky", "stream-cut"} <= markers
+    assert sorted(m for m in markers if f"[fake:{m}" not in page) == []
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    options = {flag for action in parser._actions for flag in action.option_strings
+               if flag.startswith("--") and flag not in ("--help", "--host", "--port")}
+    assert sorted(o for o in options if f"`{o}" not in page) == []

@@ -229,7 +229,7 @@ def test_queue_metrics_script_agrees_with_the_cli(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
     configure_logging()
-    monkeypatch.setattr("jobqueue.operator.cli.configure_logging", lambda: None)
+    monkeypatch.setattr("jobqueue.operator.cli.configure_logging", lambda **_: None)
     monkeypatch.setenv("DATABASE_URL", settings.database_url)
     org1, org2 = Scenario(pool, Caller(1, 10)), Scenario(pool, Caller(2, 20))
     org1.succeeded(), org1.retried_then_succeeded(), org1.failed(), org1.cancelled()

@@ -1,16 +1,21 @@
 """The web (gunicorn as the Procfile runs it) and workers behind Debian's PgBouncer in transaction mode.
 
 Queries go through the pooler (`DATABASE_URL`); LISTEN and the maintenance leader's session use
-the server itself (`SA_DIRECT_DATABASE_URL`), as ops/README.md's PgBouncer section says. The
-worker's timeouts are on its database role, since PgBouncer refuses them as startup options.
+the server itself (`SA_DIRECT_DATABASE_URL`), as ops/README.md's PgBouncer section says. That
+direct URL declares the pooler (SA_DATABASE_POOLER), so with every other setting at its default
+the worker sends no startup option (PgBouncer refuses them) and its timeouts are its role's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -93,8 +98,7 @@ def test_web_and_workers_serve_prompts_through_pgbouncer_in_transaction_mode(
                   {**os.environ, **common, "PORT": str(port),
                    "DATABASE_URL": bouncer.url(dbname)}, logs / "web.log")
     workers = [Process(["sh", "-c", f"exec {procfile_command('worker')} --concurrency 8"],
-                       {**os.environ, **common, "DATABASE_URL": bouncer.url(dbname, worker_role),
-                        "SA_STATEMENT_TIMEOUT": "0", "SA_LOCK_TIMEOUT": "0",
+                       {**_defaults(), **common, "DATABASE_URL": bouncer.url(dbname, worker_role),
                         "SA_PROVIDER_URL": fake.url, "SA_PROVIDER_MODEL": "fake-model"},
                        logs / f"worker{i}.log") for i in range(2)]
     try:
@@ -146,10 +150,59 @@ def test_web_and_workers_serve_prompts_through_pgbouncer_in_transaction_mode(
     pools = [r for r in bouncer.show("POOLS") if r["database"] == dbname]
     assert {r["user"] for r in pools} == {"postgres", worker_role}
     assert all(r["sv_active"] + r["sv_idle"] + r["sv_used"] <= 5 for r in pools)
-    with psycopg.connect(bouncer.url(dbname, worker_role), prepare_threshold=None) as as_worker:
-        timeouts = as_worker.execute("SELECT current_setting('statement_timeout'), "
-                                "current_setting('lock_timeout')").fetchone()
-    assert timeouts == ("30s", "10s")
+    # NOTE: each worker said where its timeouts come from: its role's settings, as set.
+    for worker in workers:
+        said = [json.loads(line) for line in worker.lines() if '"worker.database_timeouts' in line]
+        assert [(e["event"], e["statement_timeout"], e["lock_timeout"]) for e in said] == [
+            ("worker.database_timeouts", "30s", "10s")], said
+
+
+def _defaults() -> dict[str, str]:
+    """This environment without any sa-core setting: what a deployment that sets only URLs has."""
+    return {key: value for key, value in os.environ.items()
+            if not key.startswith("SA_") and key not in ("DATABASE_URL", "LOG_LEVEL")}
+
+
+def _run_worker(env: dict[str, str], seconds: float) -> subprocess.CompletedProcess[str]:
+    """`sa-core run-worker` for at most `seconds`, then SIGTERM; its output as text."""
+    child = subprocess.Popen([str(Path(sys.executable).parent / "sa-core"), "run-worker"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = child.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        child.terminate()
+        out, err = child.communicate(timeout=30)
+    return subprocess.CompletedProcess(child.args, child.returncode, out, err)
+
+
+def test_an_undeclared_pooler_stops_the_worker_at_once_with_one_line_naming_it(
+    bouncer: Bouncer, database_url: str, fake: FakeProvider,
+) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(database_url)["dbname"])
+    started = time.monotonic()
+    done = _run_worker({**_defaults(), "DATABASE_URL": bouncer.url(dbname),
+                        "SA_PROVIDER_URL": fake.url}, seconds=30)
+    assert done.returncode == 2 and done.stdout == ""
+    # NOTE: at once, not after the pool's 10 s of retries (and warnings) at start.
+    assert time.monotonic() - started < 8
+    [line] = done.stderr.splitlines()
+    assert "unsupported startup parameter: options" in line and "SA_DATABASE_POOLER=transaction" in line
+
+
+def test_a_declared_pooler_whose_role_has_no_timeouts_warns_with_the_fix(
+    bouncer: Bouncer, database_url: str, fake: FakeProvider,
+) -> None:
+    dbname = str(psycopg.conninfo.conninfo_to_dict(database_url)["dbname"])
+    done = _run_worker({**_defaults(), "DATABASE_URL": bouncer.url(dbname),
+                        "SA_DATABASE_POOLER": "transaction", "SA_LISTEN": "0",
+                        "SA_PROVIDER_URL": fake.url}, seconds=6)
+    assert done.returncode == 0, done.stderr
+    said = {e["event"]: e for e in map(json.loads, done.stderr.splitlines())
+            if e["event"].startswith("worker.database_timeouts")}
+    assert said["worker.database_timeouts"]["statement_timeout"] == "0"
+    assert said["worker.database_timeouts_missing"]["level"] == "warning"
+    assert "ALTER ROLE <worker role> SET statement_timeout = '30s'" in \
+        said["worker.database_timeouts_missing"]["hint"]
 
 
 def test_prepared_statements_are_off_when_queries_go_through_a_pooler() -> None:
@@ -162,6 +215,26 @@ def test_prepared_statements_are_off_when_queries_go_through_a_pooler() -> None:
                               "SA_PREPARED_STATEMENTS": "1"}).prepared_statements
     assert not Settings.from_env({"DATABASE_URL": pooled,
                                   "SA_PREPARED_STATEMENTS": "0"}).prepared_statements
+    assert not Settings.from_env({"DATABASE_URL": pooled,
+                                  "SA_DATABASE_POOLER": "transaction"}).prepared_statements
+    assert Settings.from_env({"DATABASE_URL": pooled,
+                              "SA_DATABASE_POOLER": "session"}).prepared_statements
+
+
+def test_no_timeout_travels_as_a_startup_option_through_a_declared_pooler() -> None:
+    direct = make_conninfo(host="db.internal", dbname="sa_core")
+    pooled = make_conninfo(host="pgbouncer.internal", port=6432, dbname="sa_core")
+    alone = Settings.from_env({"DATABASE_URL": direct})
+    assert alone.pooler == "none" and "statement_timeout=30000" in alone.worker_database_url
+    for env in ({"SA_DIRECT_DATABASE_URL": direct}, {"SA_DATABASE_POOLER": "session"},
+                {"SA_DATABASE_POOLER": "transaction"}):
+        behind = Settings.from_env({"DATABASE_URL": pooled, **env})
+        assert behind.pooler != "none" and not behind.sends_timeouts
+        assert behind.worker_database_url == pooled
+    # NOTE: the same direct URL declares nothing; a pooler named explicitly wins.
+    assert Settings.from_env({"DATABASE_URL": direct, "SA_DIRECT_DATABASE_URL": direct}).pooler == "none"
+    assert Settings.from_env({"DATABASE_URL": pooled, "SA_DIRECT_DATABASE_URL": direct,
+                              "SA_DATABASE_POOLER": "none"}).sends_timeouts
 
 
 def test_wake_ups_sent_through_the_pooler_reach_a_direct_listener(

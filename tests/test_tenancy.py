@@ -1,6 +1,6 @@
 """Tenancy, route by route: a token of another org and a token of another user of the same org
 try every scoped route on the owner's objects. Another org gets 404 (exactly like a missing
-object) and changes nothing; a teammate shares the org's prompts and jobs (README: Tenancy)."""
+object) and changes nothing; a teammate shares the org's prompts and jobs (docs/api.md: Tenancy)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ prefixed with `PEER_RESULT ` (other output, such as library logs, may come befor
 - llm: a burn-down whose task makes one chat-completion call to `--provider-url` (bench/llm_shaped.py
   serves one that answers after a fixed delay) with aiohttp, the asyncio client that holds
   thousands of calls (httpx.AsyncClient's pool spends milliseconds of CPU per call at these
-  counts; README "Why this concurrency model and HTTP client"). Also reports this process's
+  counts; docs/decisions.md). Also reports this process's
   CPU seconds from the worker's start to the end, and its peak RSS.
 - pickup: with one idle worker running, enqueue one job at a time K times and measure
   enqueue commit (the enqueue call returned) -> task start, both with `time.time()` in this

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TypeVar
@@ -12,6 +13,8 @@ from psycopg import Connection
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
+
+from jobqueue.core.dbcheck import check_connection
 
 __all__ = ["SESSION_SETTINGS", "DictConnection", "borrow", "open_pool", "reconnecting", "terminated"]
 
@@ -73,6 +76,8 @@ def open_pool(
 
     Raises:
         psycopg.ProgrammingError: `conninfo` is malformed (the message never repeats it).
+        jobqueue.core.dbcheck.DatabaseRefused: the database refuses the connection for a reason
+            retrying will not fix (credentials, a missing database, a refused startup parameter).
         psycopg_pool.PoolTimeout: the database did not answer within `timeout`.
     """
     try:
@@ -118,6 +123,11 @@ def open_pool(
         check=check,
         open=False,
     )
+    # NOTE: one connection first, so that a refusal retrying cannot fix is one line at once
+    # instead of the pool's warnings until `timeout` (or, later, for an hour); a server that is
+    # down or starting is left to the pool's retries.
+    with contextlib.suppress(psycopg.OperationalError):
+        check_connection(conninfo, name=f"{name} pool")
     pool.open(wait=True, timeout=timeout)
     return pool
 

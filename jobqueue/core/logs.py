@@ -132,29 +132,34 @@ class _JsonHandler(logging.Handler):
         (out.warning if record.levelno >= logging.WARNING else out.info)(line)
 
 
-def level_from_env(environ: Mapping[str, str] | None = None) -> int:
-    """Returns the level LOG_LEVEL names (default info).
+def level_from_env(environ: Mapping[str, str] | None = None, default: int = logging.INFO) -> int:
+    """Returns the level LOG_LEVEL names, `default` when it is unset or empty.
 
     Raises:
         LogLevelError: LOG_LEVEL names no level.
     """
-    text = (os.environ if environ is None else environ).get("LOG_LEVEL", "").strip().lower() or "info"
+    text = (os.environ if environ is None else environ).get("LOG_LEVEL", "").strip().lower()
+    if not text:
+        return default
     if text not in LEVELS:
         raise LogLevelError(f"LOG_LEVEL={text!r} is not one of {', '.join(LEVELS)}")
     return LEVELS[text]
 
 
-def configure_logging(level: int | None = None, *, buffered: bool = True) -> None:
+def configure_logging(level: int | None = None, *, buffered: bool = True,
+                      default: int = logging.INFO) -> None:
     """Routes structlog and the stdlib's root logger to stderr as JSON lines; idempotent.
 
     Args:
-        level: the lowest level written; LOG_LEVEL (default info) when None.
+        level: the lowest level written; LOG_LEVEL (else `default`) when None.
         buffered: False writes every line through and starts no thread (LineLogger says when).
+        default: the level when LOG_LEVEL is unset: info for the processes that serve, warning
+            for one-shot commands, whose answer is on stdout (jobqueue/operator/cli.py).
 
     Raises:
         LogLevelError: LOG_LEVEL names no level.
     """
-    level = level_from_env() if level is None else level
+    level = level_from_env(default=default) if level is None else level
     _line_logger().buffered = buffered
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True)
     structlog.configure(

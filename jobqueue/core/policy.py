@@ -169,7 +169,7 @@ def backoff_delay(next_attempt: int, config: BackoffConfig, rng: random.Random) 
 
     Attempt 2 waits ``base + U(0, base)``, attempt 3 ``5·base + U(0, 3·base)`` and
     attempt ``n >= 4`` ``5^(n-2)·base + U(0, 0.6·5^(n-2)·base)``, never more
-    than ``config.cap`` (``SA_BACKOFF_CAP``, README.md "Configuration").
+    than ``config.cap`` (``SA_BACKOFF_CAP``, docs/configuration.md).
 
     Args:
         next_attempt: The number of the attempt about to be scheduled (2 or more).

@@ -7,12 +7,14 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load_routes
 
 __all__ = ["DEFAULT_CHAIN_MAX_DEPTH", "DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL",
-           "DEFAULT_PRIORITY_AGING", "KEY_TTL_SECONDS", "Settings", "SettingsError", "notify_interval"]
+           "DEFAULT_PRIORITY_AGING", "KEY_TTL_SECONDS", "POOLERS", "DatabaseUrlMissing", "Settings",
+           "SettingsError", "metrics_port", "notify_interval"]
 
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 """A chat completion is kilobytes; megabytes mean a misbehaving server (SA_PROVIDER_MAX_RESPONSE_BYTES)."""
@@ -27,6 +29,14 @@ NOTE: here, not in the engine, because retention settings are checked against it
 class SettingsError(ValueError):
     """An environment variable holds a value the service cannot use."""
 
+
+class DatabaseUrlMissing(SettingsError):
+    """DATABASE_URL is not set; the CLI adds what to do in the situation at hand (`sa-core dev`
+    running or not)."""
+
+
+POOLERS = ("none", "session", "transaction")
+"""The values of SA_DATABASE_POOLER: what DATABASE_URL goes through on its way to Postgres."""
 
 DEFAULT_CHAIN_MAX_DEPTH = 1000
 """Most predecessors a job may have before it in its chain (SA_CHAIN_MAX_DEPTH): a chain costs
@@ -99,6 +109,27 @@ def _port(env: Mapping[str, str], name: str) -> int:
     return value
 
 
+def _conninfo(name: str, value: str) -> str:
+    """`value` when libpq can parse it; the error never repeats it (it may hold a password)."""
+    try:
+        conninfo_to_dict(value)
+    except psycopg.ProgrammingError:
+        raise SettingsError(f"{name} is malformed: neither a postgresql:// URI nor key=value pairs "
+                            "(value not shown: it may hold a password)") from None
+    return value
+
+
+def _pooler(env: Mapping[str, str], database_url: str, direct_database_url: str) -> str:
+    """SA_DATABASE_POOLER; unset, a direct URL other than DATABASE_URL declares a transaction pooler
+    (the deployment ops/README.md describes), else none."""
+    raw = env.get("SA_DATABASE_POOLER", "").strip().lower()
+    if not raw:
+        return "transaction" if direct_database_url != database_url else "none"
+    if raw not in POOLERS:
+        raise SettingsError(f"SA_DATABASE_POOLER must be one of {', '.join(POOLERS)}, got {raw!r}")
+    return raw
+
+
 def _origins(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     """Parses a comma-separated list of browser origins (`scheme://host[:port]`), or `*`."""
     origins = tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
@@ -127,6 +158,16 @@ def notify_interval(env: Mapping[str, str] | None = None) -> float:
     """
     return _float(os.environ if env is None else env, "SA_NOTIFY_INTERVAL",
                   DEFAULT_NOTIFY_INTERVAL, minimum=-1.0)
+
+
+def metrics_port(env: Mapping[str, str] | None = None) -> int:
+    """Reads `SA_METRICS_PORT` (0: none); on its own for `sa-core dev`, which runs without
+    DATABASE_URL and hands its worker this port.
+
+    Raises:
+        SettingsError: not a TCP port.
+    """
+    return _port(os.environ if env is None else env, "SA_METRICS_PORT")
 
 
 @dataclass(frozen=True)
@@ -177,6 +218,7 @@ class Settings:
     sse_replay_limit: int = 1000
     body_timeout: float = 10.0
     token_cache_ttl: float = 2.0
+    pooler: str = "none"
     prepared_statements: bool = True
     leader_keepalive_idle: int = 20
     leader_keepalive_interval: int = 10
@@ -187,17 +229,23 @@ class Settings:
         """Builds settings from `env` (default `os.environ`).
 
         Raises:
-            SettingsError: a variable is malformed or DATABASE_URL is missing.
+            SettingsError: a variable is malformed (a connection string too) or DATABASE_URL is
+                missing.
         """
         env = os.environ if env is None else env
         database_url = env.get("DATABASE_URL", "")
         if not database_url:
-            raise SettingsError("DATABASE_URL is not set (use `sa-core dev` for a local database)")
+            raise DatabaseUrlMissing(
+                "DATABASE_URL is not set: export DATABASE_URL=postgresql://USER@HOST:5432/DBNAME "
+                "for a database of yours, or run `sa-core dev` (a local database, web and worker)")
         try:
             routes = load_routes(env)
         except RouteError as exc:
             raise SettingsError(str(exc)) from None
-        direct_database_url = env.get("SA_DIRECT_DATABASE_URL") or database_url
+        _conninfo("DATABASE_URL", database_url)
+        direct_database_url = _conninfo("SA_DIRECT_DATABASE_URL",
+                                        env.get("SA_DIRECT_DATABASE_URL") or database_url)
+        pooler = _pooler(env, database_url, direct_database_url)
         return cls(
             database_url=database_url,
             direct_database_url=direct_database_url,
@@ -231,7 +279,7 @@ class Settings:
             cors_origins=_origins(env, "SA_CORS_ORIGINS"),
             org_max_running=_int(env, "SA_ORG_MAX_RUNNING", 0, minimum=0),
             priority_aging=_float(env, "SA_PRIORITY_AGING", DEFAULT_PRIORITY_AGING),
-            metrics_port=_port(env, "SA_METRICS_PORT"),
+            metrics_port=metrics_port(env),
             statement_timeout=_seconds_or_off(env, "SA_STATEMENT_TIMEOUT", 30.0),
             lock_timeout=_seconds_or_off(env, "SA_LOCK_TIMEOUT", 10.0),
             retention_interval=_float(env, "SA_RETENTION_INTERVAL", 3600.0),
@@ -250,11 +298,10 @@ class Settings:
             sse_replay_limit=_int(env, "SA_SSE_REPLAY_LIMIT", 1000),
             body_timeout=_float(env, "SA_BODY_TIMEOUT", 10.0),
             token_cache_ttl=_float(env, "SA_TOKEN_CACHE_TTL", 2.0, minimum=-1.0),
-            # NOTE: a separate direct URL means DATABASE_URL goes through a pooler, which (in
-            # transaction mode, before PgBouncer 1.21) loses prepared statements between
-            # transactions; so they are off there unless asked for.
-            prepared_statements=_flag(env, "SA_PREPARED_STATEMENTS",
-                                      direct_database_url == database_url),
+            pooler=pooler,
+            # NOTE: a transaction pooler (before PgBouncer 1.21) loses prepared statements
+            # between transactions; so they are off there unless asked for.
+            prepared_statements=_flag(env, "SA_PREPARED_STATEMENTS", pooler != "transaction"),
             leader_keepalive_idle=_int(env, "SA_LEADER_KEEPALIVE_IDLE", 20),
             leader_keepalive_interval=_int(env, "SA_LEADER_KEEPALIVE_INTERVAL", 10),
             leader_keepalive_count=_int(env, "SA_LEADER_KEEPALIVE_COUNT", 3),
@@ -272,17 +319,23 @@ class Settings:
                               self.provider_model)
 
     @property
-    def worker_database_url(self) -> str:
-        """`DATABASE_URL` with the worker's statement and lock timeouts as libpq `options`.
+    def sends_timeouts(self) -> bool:
+        """Whether the worker's statement and lock timeouts travel as startup options.
 
-        NOTE: startup options cost no round trip and bind every statement of the session; behind
-        PgBouncer in transaction mode (which refuses unknown startup parameters) set both to 0
-        and put the timeouts on the worker's role instead (ops/README.md, PgBouncer).
+        NOTE: not through a pooler: PgBouncer refuses every startup parameter it does not know,
+        `options` included, and a transaction pooler would not keep a session's SET either. The
+        server's own settings for the role and database apply there (ops/README.md, PgBouncer).
         """
+        return self.pooler == "none" and (self.statement_timeout > 0 or self.lock_timeout > 0)
+
+    @property
+    def worker_database_url(self) -> str:
+        """`DATABASE_URL` with the worker's statement and lock timeouts as libpq `options`
+        (`sends_timeouts`): they cost no round trip and bind every statement of the session."""
         extra = [f"-c {name}={round(seconds * 1000)}"
                  for name, seconds in (("statement_timeout", self.statement_timeout),
                                        ("lock_timeout", self.lock_timeout)) if seconds > 0]
-        if not extra:
+        if not extra or not self.sends_timeouts:
             return self.database_url
         own = conninfo_to_dict(self.database_url).get("options")
         if own:

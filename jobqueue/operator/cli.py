@@ -10,21 +10,27 @@ patch_for_worker(sys.argv[1:])
 
 # NOTE: every import below comes after the worker's monkey-patching (E402 ignored for this file).
 import argparse
+import logging
 import signal
 import uuid
 from collections.abc import Sequence
 from types import FrameType
+from typing import NoReturn, cast
 
 import psycopg
+import structlog
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.dbcheck import DatabaseRefused, check_urls, refusal
 from jobqueue.core.exposition import ProcessFigures, start_worker_metrics_server
 from jobqueue.core.logs import LogLevelError, configure_logging
+from jobqueue.core.queries.admin import SESSION_TIMEOUTS
 from jobqueue.core.redact import redact
-from jobqueue.core.settings import Settings, SettingsError
+from jobqueue.core.settings import DatabaseUrlMissing, Settings, SettingsError
 from jobqueue.core.version import VERSION
 from jobqueue.devtools import fake_provider
+from jobqueue.devtools.home import database_url_advice
 from jobqueue.engine import chains
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.reclaim import Reclaimer
@@ -34,14 +40,27 @@ from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
 from jobqueue.runtime.assembly import assemble_worker, worker_config
 from jobqueue.runtime.maintenance import MaintenanceLeader
-from jobqueue.runtime.worker import DEFAULT_CONCURRENCY
+from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker
 from jobqueue.schema.migrate import MigrationError, migrate
 
-__all__ = ["main"]
+__all__ = ["LONG_RUNNING", "main"]
+
+LONG_RUNNING = frozenset({"run-worker", "fake-provider"})
+"""Commands that run until stopped and log at info by default; every other command (and `dev`'s
+own process) logs warnings and errors only unless LOG_LEVEL says otherwise."""
 
 
 class UsageError(Exception):
     """The command cannot run as asked; printed without a traceback, exit code 2."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse, whose refusal of an argument is one line on stderr (exit 2), like every other
+    error of `sa-core`, instead of the usage text followed by the error."""
+
+    def error(self, message: str) -> NoReturn:
+        """Prints `PROG: error: MESSAGE (see PROG --help)` and exits 2."""
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _migrate(args: argparse.Namespace) -> int:
@@ -49,6 +68,25 @@ def _migrate(args: argparse.Namespace) -> int:
     text = f"applied {len(applied)} migration(s)" + (f": {', '.join(applied)}" if applied else "")
     print_answer(Answer(text, {"applied": applied}), args.json)
     return 0
+
+
+def _report_timeouts(worker: Worker, settings: Settings) -> None:
+    """Says where the worker's statement and lock timeouts come from when none was sent (a pooler
+    is declared): the server's settings for the role and database, which may be none."""
+    if settings.sends_timeouts or settings.pooler == "none":
+        return
+    with worker.pool.connection() as conn:
+        found = conn.execute(SESSION_TIMEOUTS).fetchone() or {}
+    wanted = {"statement_timeout": settings.statement_timeout, "lock_timeout": settings.lock_timeout}
+    missing = [name for name, seconds in wanted.items() if seconds > 0 and found.get(name) == "0"]
+    log = structlog.get_logger(__name__)
+    log.info("worker.database_timeouts", pooler=settings.pooler, source="the role's and database's settings",
+             **found)
+    if missing:
+        log.warning("worker.database_timeouts_missing", pooler=settings.pooler, missing=missing,
+                    hint="a pooler is declared (SA_DATABASE_POOLER), so no timeout is sent: "
+                         + "; ".join(f"ALTER ROLE <worker role> SET {name} = '{wanted[name]:g}s'"
+                                     for name in missing))
 
 
 def _run_worker(args: argparse.Namespace) -> int:
@@ -59,6 +97,10 @@ def _run_worker(args: argparse.Namespace) -> int:
     config = worker_config(settings, concurrency=args.concurrency, batch_size=args.batch_size,
                            priority_ceiling=args.priority_ceiling)
     figures = ProcessFigures()
+    # NOTE: the direct URL's users (LISTEN, the maintenance session) reconnect in the background
+    # and would retry a refusal for good for ever.
+    check_urls({"DATABASE_URL": settings.worker_database_url,
+                "SA_DIRECT_DATABASE_URL": settings.direct_database_url})
     if settings.metrics_port and not args.once:
         # NOTE: each long-running worker process is its own scrape target (ops/README.md); a
         # --once run is gone before a scrape could reach it.
@@ -72,6 +114,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         # NOTE: one line, no traceback: the message hides passwords, a traceback would not.
         raise UsageError(str(exc)) from None
     worker = parts.worker
+    _report_timeouts(worker, settings)
     figures.add_pool(worker.pool).add(worker.report_slots)
     # NOTE: only long-running workers compete for the maintenance role; a --once run is too
     # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
@@ -156,13 +199,17 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """Returns the argument parser of every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = _OneLineParser(
         prog="sa-core", description=__doc__,
         epilog="Answers go to stdout, logs and errors to stderr (JSON lines; LOG_LEVEL sets the level). "
                "Exit codes: 0 done; 1 failed (unknown id, refused, database unreachable); "
-               "2 bad arguments or configuration.")
+               "2 bad arguments or configuration (a database that refuses the connection for "
+               "good included).")
     parser.add_argument("--version", action="version", version=f"sa-core {VERSION}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    # NOTE: every subcommand's parser is a _OneLineParser too (argparse makes them of the parent's
+    # class); the command modules take the base type.
+    sub = cast("argparse._SubParsersAction[argparse.ArgumentParser]",
+               parser.add_subparsers(dest="command", required=True))
 
     migrating = sub.add_parser(
         "migrate", help="apply pending SQL migrations (shipped in the package)",
@@ -215,15 +262,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs one subcommand; returns its exit code."""
     args = build_parser().parse_args(argv)
     try:
-        configure_logging()
+        configure_logging(default=logging.INFO if args.command in LONG_RUNNING else logging.WARNING)
         code: int = args.func(args)
-    except (SettingsError, LogLevelError, UsageError) as exc:
+    except DatabaseUrlMissing as exc:
+        fail(database_url_advice(str(exc)))
+        return 2
+    except (SettingsError, LogLevelError, UsageError, DatabaseRefused) as exc:
         fail(redact(str(exc)))
         return 2
     except MigrationError as exc:
         return fail(str(exc))
     except (psycopg.OperationalError, PoolTimeout) as exc:
-        # NOTE: libpq's reason (refused, timeout, authentication) on one line, password hidden.
+        # NOTE: libpq's reason (refused, timeout, authentication) on one line, password hidden;
+        # a refusal that retrying cannot fix is configuration (exit 2), with what to do.
+        if isinstance(exc, psycopg.OperationalError) and (refused := refusal("DATABASE_URL", exc)):
+            fail(str(refused))
+            return 2
         return fail(redact(f"database unreachable: {exc}"))
     except KeyboardInterrupt:
         return 130

@@ -9,19 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import psycopg
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.dbcheck import CONNECT_TIMEOUT, check_connection
 from jobqueue.core.errors import JobQueueError
 from jobqueue.core.jsonable import json_default
 from jobqueue.core.settings import Settings
 
 __all__ = ["CONNECT_TIMEOUT", "Answer", "fail", "one_line", "print_answer", "probe", "with_cli_pool"]
-
-CONNECT_TIMEOUT = 2
-"""Seconds a command waits for the database before it fails with one line."""
-
 
 @dataclass(frozen=True, slots=True)
 class Answer:
@@ -58,9 +54,10 @@ def probe(conninfo: str) -> None:
     reason) in about CONNECT_TIMEOUT, instead of a pool retrying and logging until its timeout.
 
     Raises:
+        jobqueue.core.dbcheck.DatabaseRefused: refused for good (credentials, no such database).
         psycopg.OperationalError: the database cannot be reached.
     """
-    psycopg.connect(conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+    check_connection(conninfo, name="DATABASE_URL")
 
 
 def with_cli_pool(action: Callable[[ConnectionPool[DictConnection]], Answer], as_json: bool = False) -> int:

@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.states import JobState
 from jobqueue.operator.cli_pool import Answer, with_cli_pool
+from jobqueue.operator.durations import DURATION_FORMS, shift
 from jobqueue.operator.inspection import (
     JobDetails,
     OrgFigures,
@@ -32,10 +33,8 @@ from jobqueue.runtime.archive import Archiver
 
 __all__ = ["add_operator_commands", "parse_instant"]
 
-_AGE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _INSTANT_HELP = ("ISO 8601 (2026-01-31, 2026-01-31T12:00:00+00:00; no offset means UTC) "
-                 "or an age: 90s, 30m, 12h, 7d, 2w")
+                 f"or an age: {DURATION_FORMS}")
 _DEFAULT_WINDOW = "24h"
 _EXIT_CODES = ("exit codes: 0 done; 1 unknown job id or database unreachable (message on stderr); "
                "2 bad arguments")
@@ -52,12 +51,10 @@ def parse_instant(text: str, now: datetime | None = None) -> datetime:
         An aware datetime.
 
     Raises:
-        ValueError: `text` is neither form.
+        ValueError: `text` is neither form, or an age older than the year 1.
     """
-    match = _AGE.match(text)
-    if match:
-        now = now or datetime.now(UTC)
-        return now - timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+    if (before := shift(text, now or datetime.now(UTC), -1)) is not None:
+        return before
     try:
         parsed = datetime.fromisoformat(text.strip())
     except ValueError:

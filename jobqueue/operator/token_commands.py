@@ -8,8 +8,7 @@ A token is printed once, by create-token, and never again: revoke-token prints o
 from __future__ import annotations
 
 import argparse
-import re
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from psycopg_pool import ConnectionPool
 
@@ -18,12 +17,11 @@ from jobqueue.core.errors import NotFound
 from jobqueue.core.tokens import SCOPES, issue_token, revoke_token
 from jobqueue.engine.idempotency import prune_expired_keys
 from jobqueue.operator.cli_pool import Answer, with_cli_pool
+from jobqueue.operator.durations import DURATION_FORMS, shift
 
 __all__ = ["add_token_commands", "parse_expiry"]
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
-_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
-_EXPIRES_HELP = ("a duration from now (90s, 30m, 12h, 30d, 2w) or an ISO 8601 date or instant "
+_EXPIRES_HELP = (f"a duration from now ({DURATION_FORMS}) or an ISO 8601 date or instant "
                  "(2027-01-31, 2027-01-31T12:00:00+00:00; no offset means UTC)")
 
 
@@ -31,15 +29,11 @@ def parse_expiry(text: str, now: datetime | None = None) -> datetime:
     """Parses `--expires`: a duration from `now`, or an absolute date or instant in the future.
 
     Raises:
-        ValueError: neither form, or not in the future.
+        ValueError: neither form, not in the future, or past the year 9999.
     """
     now = now or datetime.now(UTC)
-    match = _DURATION.match(text)
-    if match:
-        seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
-        if seconds <= 0:
-            raise ValueError("a duration must be positive")
-        return now + timedelta(seconds=seconds)
+    if (later := shift(text, now, 1)) is not None:
+        return later
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:

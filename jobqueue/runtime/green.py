@@ -3,7 +3,7 @@
 Job slots, the heartbeat, the completer and the log flusher are written as threads; patched,
 each is a greenlet, and sockets, locks, queues and psycopg's waits yield to the others. One
 process then holds thousands of provider calls in flight for a fraction of a millisecond of
-CPU each (README "Why this concurrency model and HTTP client"). The web already runs the same
+CPU each (docs/decisions.md, gevent). The web already runs the same
 way under gunicorn's gevent worker.
 """
 

@@ -74,7 +74,7 @@ class Provider:
     """Calls `{base_url}/chat/completions` over one keep-alive connection per job (thread or greenlet).
 
     PERF: the stdlib client measured at about half urllib3's CPU per call and a thirtieth of
-    httpx's at 1,024 calls in flight (README "Why this concurrency model and HTTP client"); a
+    httpx's at 1,024 calls in flight (docs/decisions.md); a
     connection of its own per job means no pool lock to queue on. Safe to share between threads
     and greenlets. An http:// proxy named by HTTPS_PROXY / HTTP_PROXY / ALL_PROXY is used unless
     NO_PROXY exempts the provider's host (https through a CONNECT tunnel, http by absolute URL).
