@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
 
 import falcon.testing
 import psycopg
@@ -16,36 +13,17 @@ from psycopg.conninfo import make_conninfo
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
-from jobqueue.core.listener import NotificationListener
-from jobqueue.core.policy import BackoffConfig
-from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller, create_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
-from jobqueue.runtime.completer import Completer
-from jobqueue.runtime.executor import Executor
-from jobqueue.runtime.gate import RouteGate
-from jobqueue.runtime.provider import RoutedProviders
-from jobqueue.runtime.worker import Worker, WorkerConfig
 from service.app import create_app
 from service.event_hub import EventHub
+from tests.helpers import WorkerHarness
 
 TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
           "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window")
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Polls `predicate` until it returns something truthy; fails the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
 
 
 @pytest.fixture(scope="session")
@@ -176,79 +154,8 @@ def other_org_auth(pool: ConnectionPool[DictConnection]) -> dict[str, str]:
     return {"Authorization": f"Bearer {create_token(pool, 2, 20)}"}
 
 
-class WorkerHarness:
-    """Builds workers against the fake provider and stops them all at teardown."""
-
-    def __init__(self, settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
-        self.settings = settings
-        self.pool = pool
-        self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
-                                               settings.provider_max_response_bytes,
-                                               settings.provider_connect_timeout,
-                                               settings.provider_read_timeout)
-        self._running: list[tuple[Worker, threading.Thread]] = []
-        self._listeners: list[NotificationListener] = []
-        self._completers: list[Completer] = []
-
-    def build(self, **config: Any) -> Worker:
-        base = WorkerConfig(
-            poll_interval=self.settings.poll_interval,
-            heartbeat_interval=self.settings.heartbeat_interval,
-            shutdown_grace=self.settings.shutdown_grace,
-        )
-        backoff = BackoffConfig(base=self.settings.backoff_base, cap=self.settings.backoff_cap,
-                                rate_limit_min_wait=self.settings.rate_limit_min_wait)
-        completer = Completer(self.pool)
-        self._completers.append(completer)
-        gate = RouteGate(self.pool, refresh=self.settings.gate_refresh,
-                         window=self.settings.route_limit_window)
-        executor = Executor(completer, self.providers, backoff, gate,
-                            self.settings.throttle_max_wait, self.pool,
-                            self.settings.stream_interval)
-        return Worker(self.pool, executor, replace(base, **config))
-
-    def start(self, listen: bool = False, **config: Any) -> Worker:
-        worker = self.build(**config)
-        if listen:
-            listener = NotificationListener(
-                self.settings.direct_database_url, JOB_QUEUED_LISTEN, worker.on_job_queued,
-                worker.wake).start()
-            assert listener.listening.wait(5)
-            self._listeners.append(listener)
-        thread = threading.Thread(target=worker.run, daemon=True)
-        thread.start()
-        self._running.append((worker, thread))
-        return worker
-
-    def stop_all(self) -> None:
-        for listener in self._listeners:
-            listener.stop()
-        for worker, _ in self._running:
-            worker.stop()
-        for _, thread in self._running:
-            thread.join(timeout=10)
-        self._running.clear()
-        for completer in self._completers:
-            completer.close()
-        self.providers.close()
-
-
 @pytest.fixture
 def workers(settings: Settings, pool: ConnectionPool[DictConnection]) -> Iterator[WorkerHarness]:
     harness = WorkerHarness(settings, pool)
     yield harness
     harness.stop_all()
-
-
-def fetch_one(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> dict[str, Any]:
-    """Runs a test-side SELECT and returns its only row."""
-    with pool.connection() as conn:
-        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    return row
-
-
-def fetch_all(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> list[dict[str, Any]]:
-    """Runs a test-side SELECT and returns all rows."""
-    with pool.connection() as conn:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]

@@ -1,14 +1,107 @@
-"""Small helpers shared by the integration tests."""
+"""Helpers shared by the tests: waiting, test-side SQL, HTTP calls, plans, workers, system tools.
+
+Fixtures live in tests/conftest.py; everything a test module imports lives here or in another
+helper module (never in conftest or a test module: see tests/unit/test_layout.py).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import falcon.testing
 import httpx
 import psycopg
+import pytest
 from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection
+from jobqueue.core.listener import NotificationListener
+from jobqueue.core.policy import BackoffConfig
+from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
+from jobqueue.core.settings import Settings
+from jobqueue.runtime.completer import Completer
+from jobqueue.runtime.executor import Executor
+from jobqueue.runtime.gate import RouteGate
+from jobqueue.runtime.provider import RoutedProviders
+from jobqueue.runtime.worker import Worker, WorkerConfig
+
+__all__ = ["REPO", "REQUIRE_TOOLS", "WorkerHarness", "answers", "fetch_all", "fetch_one", "free_port",
+           "job_state", "plan_nodes", "plan_tree", "require", "require_tool", "submit", "wait_for"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+REQUIRE_TOOLS = "SA_REQUIRE_TEST_TOOLS"
+"""Set to 1 (`.ci/run` does, where it installs them) to fail, not skip, a test whose system tool or
+privilege is missing."""
+
+
+def require(missing: str | None, install: str) -> None:
+    """Skips the calling test (or module) when something it needs is missing; fails it instead
+    where SA_REQUIRE_TEST_TOOLS=1.
+
+    Args:
+        missing: what is missing (e.g. "`promtool` is not installed"), or None when nothing is.
+        install: the exact command (or step) that provides it, named in the skip.
+    """
+    if missing is None:
+        return
+    if os.environ.get(REQUIRE_TOOLS) == "1":
+        pytest.fail(f"{missing} ({install}); {REQUIRE_TOOLS}=1 requires it", pytrace=False)
+    pytest.skip(f"{missing} ({install})", allow_module_level=True)
+
+
+def require_tool(name: str, install: str) -> str:
+    """Returns the path of the system command `name`; see `require` when it is not installed.
+
+    Tests never install anything: `install` names the command that does (`.ci/run` runs it).
+    """
+    found = shutil.which(name)
+    require(None if found else f"`{name}` is not installed", install)
+    assert found is not None
+    return found
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Polls `predicate` until it returns something truthy; fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS's pick)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def fetch_one(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> dict[str, Any]:
+    """Runs a test-side SELECT and returns its only row."""
+    with pool.connection() as conn:
+        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return row
+
+
+def fetch_all(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> list[dict[str, Any]]:
+    """Runs a test-side SELECT and returns all rows."""
+    with pool.connection() as conn:
+        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
 
 
 def answers(url: str) -> bool:
@@ -17,6 +110,7 @@ def answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
 
 def submit(client: falcon.testing.TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
     """POSTs a prompt and returns the 202 body."""
@@ -80,3 +174,60 @@ def plan_nodes(conn: psycopg.Connection[Any], statement: Any, params: Any = None
         return [node] + [n for child in node.get("Plans", []) for n in walk(child)]
 
     return walk(plan_tree(conn, statement, params, generic=generic))
+
+
+class WorkerHarness:
+    """Builds workers against the fake provider and stops them all at teardown."""
+
+    def __init__(self, settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
+                                               settings.provider_max_response_bytes,
+                                               settings.provider_connect_timeout,
+                                               settings.provider_read_timeout)
+        self._running: list[tuple[Worker, threading.Thread]] = []
+        self._listeners: list[NotificationListener] = []
+        self._completers: list[Completer] = []
+
+    def build(self, **config: Any) -> Worker:
+        base = WorkerConfig(
+            poll_interval=self.settings.poll_interval,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            shutdown_grace=self.settings.shutdown_grace,
+        )
+        backoff = BackoffConfig(base=self.settings.backoff_base, cap=self.settings.backoff_cap,
+                                rate_limit_min_wait=self.settings.rate_limit_min_wait)
+        completer = Completer(self.pool)
+        self._completers.append(completer)
+        gate = RouteGate(self.pool, refresh=self.settings.gate_refresh,
+                         window=self.settings.route_limit_window)
+        executor = Executor(completer, self.providers, backoff, gate,
+                            self.settings.throttle_max_wait, self.pool,
+                            self.settings.stream_interval)
+        return Worker(self.pool, executor, replace(base, **config))
+
+    def start(self, listen: bool = False, **config: Any) -> Worker:
+        worker = self.build(**config)
+        if listen:
+            listener = NotificationListener(
+                self.settings.direct_database_url, JOB_QUEUED_LISTEN, worker.on_job_queued,
+                worker.wake).start()
+            assert listener.listening.wait(5)
+            self._listeners.append(listener)
+        thread = threading.Thread(target=worker.run, daemon=True)
+        thread.start()
+        self._running.append((worker, thread))
+        return worker
+
+    def stop_all(self) -> None:
+        for listener in self._listeners:
+            listener.stop()
+        for worker, _ in self._running:
+            worker.stop()
+        for _, thread in self._running:
+            thread.join(timeout=10)
+        self._running.clear()
+        for completer in self._completers:
+            completer.close()
+        self.providers.close()

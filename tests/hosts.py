@@ -45,7 +45,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-__all__ = ["COUNTS", "Bouncer", "Cluster", "Host", "Hosts", "Process", "conninfo_host_port", "free_port",
+from tests.helpers import free_port
+
+__all__ = ["COUNTS", "Bouncer", "Cluster", "Host", "Hosts", "Process", "conninfo_host_port",
            "procfile_command", "reap_stale", "unavailable"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,13 +57,6 @@ TMP_PREFIX = "sa-hosts-"
 SERVICE_USER = "postgres"
 PROVIDER_PORT = 9100
 """Each host's provider listens on its own loopback, so every host uses the same port."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS's pick)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def procfile_command(role: str) -> str:

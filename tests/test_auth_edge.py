@@ -17,9 +17,8 @@ from jobqueue.core.listener import NotificationListener
 from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Authenticator, Caller, IssuedToken, issue_token, revoke_token
-from tests.conftest import fetch_one, wait_for
-from tests.helpers import submit
-from tests.test_sse import gunicorn
+from tests.helpers import fetch_one, submit, wait_for
+from tests.processes import gunicorn
 
 API = "/sa-core/v1"
 SOME_ID = str(uuid.uuid4())

@@ -12,8 +12,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.engine.enqueue import WAITING_UNTIL
-from tests.conftest import WorkerHarness, fetch_one, wait_for
-from tests.helpers import job_state, submit
+from tests.helpers import WorkerHarness, fetch_one, job_state, submit, wait_for
 
 API = "/sa-core/v1"
 

@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,10 +16,8 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from tests.conftest import wait_for
-from tests.helpers import answers
+from tests.helpers import REPO, answers, free_port, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 API = "/sa-core/v1"
 
 
@@ -110,19 +107,12 @@ def _procfile() -> dict[str, str]:
     return {name.strip(): command.strip() for name, command in entries}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def test_the_wheel_migrates_an_empty_database_and_serves_a_prompt_as_the_procfile_runs_it(
     installed: Path, empty_database: str, tmp_path: Path,
 ) -> None:
     procfile = _procfile()
     assert set(procfile) == {"release", "web", "worker"}
-    port = _free_port()
+    port = free_port()
     # NOTE: nothing of the checkout is reachable: another directory, no PYTHONPATH, the venv's
     # bin first on PATH, as a deployment's process manager would run it.
     env = {"PATH": f"{installed / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",

@@ -28,7 +28,8 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.test_sse import REPO, _free_port, gunicorn
+from tests.helpers import REPO, free_port
+from tests.processes import gunicorn
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -385,7 +386,7 @@ def test_the_page_falls_back_to_polling_when_the_web_stops_and_converges_when_it
     page: WebDriver, mission_settings: Settings, mission_pool: ConnectionPool[DictConnection],
     tmp_path: Path, web: str,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     with gunicorn(mission_settings, tmp_path, port=port, **WEB_ENV) as base:
         viewer = Viewer(mission_pool, base)
         viewer.sign_in(page)

@@ -23,8 +23,7 @@ import pytest
 
 from jobqueue.core.db import open_pool
 from jobqueue.core.tokens import create_token
-from tests.conftest import wait_for
-from tests.helpers import answers
+from tests.helpers import answers, wait_for
 from tests.hosts import VENV_BIN, Host, Hosts, Process, procfile_command, unavailable
 
 REASON = unavailable()

@@ -21,7 +21,7 @@ from jobqueue.engine import finalize
 from jobqueue.engine.claim import claim
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.operator.cli import main
-from tests.conftest import fetch_all, fetch_one
+from tests.helpers import fetch_all, fetch_one
 from tests.scenario import OK_CALL, Scenario
 
 OPS = Path(__file__).resolve().parent.parent / "jobqueue" / "sql" / "ops"

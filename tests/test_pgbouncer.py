@@ -27,9 +27,8 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import create_token
 from jobqueue.core.wakeup import WakeupSender
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.conftest import wait_for
-from tests.helpers import answers
-from tests.hosts import VENV_BIN, Bouncer, Process, conninfo_host_port, free_port, procfile_command
+from tests.helpers import answers, free_port, wait_for
+from tests.hosts import VENV_BIN, Bouncer, Process, conninfo_host_port, procfile_command
 
 # NOTE: never skipped where .ci/run sets SA_MULTIHOST_REQUIRED (as root, it installs pgbouncer).
 pytestmark = pytest.mark.skipif(
