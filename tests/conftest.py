@@ -20,10 +20,12 @@ from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
 from service.app import create_app
 from service.event_hub import EventHub
-from tests.helpers import WorkerHarness
+from tests.helpers import TableReset, WorkerHarness
 
-TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
-          "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window")
+TABLES = ("sa_job_event", "sa_ledger", "sa_audit", "sa_edge", "sa_job", "sa_entity", "sa_api_token",
+          "sa_job_archive", "sa_job_event_archive", "sa_ledger_archive", "sa_route_pause",
+          "sa_route_window")
+"""What every test that uses the database starts from empty (and the tables referencing them)."""
 
 
 @pytest.fixture(scope="session")
@@ -84,13 +86,18 @@ def pool(base_settings: Settings) -> Iterator[ConnectionPool[DictConnection]]:
     pool.close()
 
 
+@pytest.fixture(scope="session")
+def _table_reset(database_url: str) -> Iterator[TableReset]:
+    reset = TableReset(database_url, TABLES)
+    yield reset
+    reset.close()
+
+
 @pytest.fixture(autouse=True)
 def _clean_tables(request: pytest.FixtureRequest) -> None:
     if "database_url" not in request.fixturenames:
         return
-    url = request.getfixturevalue("database_url")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")  # type: ignore[arg-type]
+    request.getfixturevalue("_table_reset")()
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,8 +35,9 @@ from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import Worker, WorkerConfig
 
-__all__ = ["REPO", "REQUIRE_TOOLS", "WorkerHarness", "answers", "fetch_all", "fetch_one", "free_port",
-           "job_state", "plan_nodes", "plan_tree", "require", "require_tool", "submit", "wait_for"]
+__all__ = ["REPO", "REQUIRE_TOOLS", "TableReset", "WorkerHarness", "answers", "fetch_all", "fetch_one",
+           "free_port", "job_state", "plan_nodes", "plan_tree", "require", "require_tool", "submit",
+           "wait_for"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -231,3 +232,48 @@ class WorkerHarness:
         for completer in self._completers:
             completer.close()
         self.providers.close()
+
+
+# NOTE: the tables a TRUNCATE ... CASCADE of `tables` reaches (those referencing them too), and
+# of those the ones a test touched: a page written (a row, even one rolled back), statistics
+# taken (ANALYZE), or an owned sequence drawn from (an insert refused by a constraint). What is
+# left out is as TRUNCATE ... RESTART IDENTITY leaves it: no page, no statistics, sequences unused.
+_TOUCHED = """
+WITH RECURSIVE reach(rel) AS (
+    SELECT unnest(%(tables)s::regclass[])
+  UNION
+    SELECT c.conrelid::regclass FROM pg_constraint c JOIN reach ON c.confrelid = reach.rel
+     WHERE c.contype = 'f'
+)
+SELECT t.relname FROM reach JOIN pg_class t ON t.oid = reach.rel
+ WHERE pg_relation_size(t.oid) > 0 OR t.reltuples >= 0
+    OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class s ON s.oid = d.objid
+                WHERE d.classid = 'pg_class'::regclass AND d.refobjid = t.oid
+                  -- NOTE: CASE, since the planner may call the function before other filters.
+                  AND CASE WHEN s.relkind = 'S' THEN pg_sequence_last_value(s.oid) END IS NOT NULL)
+"""
+
+
+class TableReset:
+    """Puts `tables` back as TRUNCATE ... RESTART IDENTITY CASCADE leaves them, truncating only
+    those a test touched: each truncated table costs a new file per table and index and a
+    synchronous commit (tens of ms, hundreds on a busy disk), and most tests touch few tables."""
+
+    def __init__(self, conninfo: str, tables: Sequence[str]) -> None:
+        self._conninfo = conninfo
+        self._tables = list(tables)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> list[str]:
+        """Truncates the touched tables; returns their names."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(self._conninfo, autocommit=True)
+        touched = [row[0] for row in self._conn.execute(_TOUCHED, {"tables": self._tables})]
+        if touched:
+            self._conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+                sql.SQL(", ").join(map(sql.Identifier, touched))))
+        return touched
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
