@@ -1,6 +1,7 @@
 # sa-core developer entry points. Needs only python3 >= 3.11; uv is installed on first use if missing.
 #   make run    web + worker + fake provider (embedded Postgres unless DATABASE_URL is set)
-#   make test   ruff, mypy --strict, pytest (PYTEST_ARGS="-k retry -x" to narrow)
+#   make test   ruff, mypy --strict, pytest on PYTEST_WORKERS processes (PYTEST_ARGS="-k retry -x" to
+#               narrow; PYTEST_WORKERS=0 for one process, e.g. for -s or --pdb)
 #   make lint   ruff and mypy only
 #   make venv   create or update .venv from uv.lock
 #   make clean  remove .venv, the uv bootstrap and caches (keeps the embedded database in .sa-core/pgdata)
@@ -8,6 +9,7 @@
 PYTHON ?= python3
 PORT ?= 8000
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 VENV := .venv
 BOOTSTRAP := .sa-core/uv-bootstrap
 STAMP := $(VENV)/.sa-core-synced
@@ -21,7 +23,9 @@ venv: $(STAMP)
 
 # NOTE: re-syncs only when the lock or the project changes. uv is taken from PATH, else from
 # `python3 -m uv`, else installed into a bootstrap venv under .sa-core/ (no root needed), else with
-# `pip install --user` for Pythons built without the venv module.
+# `pip install --user` for Pythons built without the venv module. The packages' bytecode is
+# compiled at install: where PYTHONDONTWRITEBYTECODE is set, every process (the tests start
+# hundreds) would otherwise compile them again at start.
 $(STAMP): pyproject.toml uv.lock
 	@set -e; \
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
@@ -40,7 +44,7 @@ $(STAMP): pyproject.toml uv.lock
 			uv="$(PYTHON) -m uv"; \
 		fi; \
 	fi; \
-	$$uv sync --frozen --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
+	$$uv sync --frozen --compile-bytecode --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
 	touch $@
 
 run: $(STAMP)
@@ -50,8 +54,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy jobqueue sa_core service
 
+# NOTE: pytest-xdist; each worker has its own database, fake provider and ports (tests/conftest.py).
+# loadgroup spreads tests one by one, except a module marked xdist_group, which stays on one worker
+# so its module-scoped servers start once.
 test: lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BOOTSTRAP) .mypy_cache .ruff_cache .pytest_cache
