@@ -20,7 +20,8 @@ from tests.helpers import fetch_one, submit, wait_for
 from tests.processes import gunicorn
 
 API = "/sa-core/v1"
-# NOTE: fixed, not uuid4(): it is in test ids, which every xdist worker must collect alike.
+# NOTE: fixed, not uuid4(): it is in test ids, which must not change from one collection to the
+# next (pytest-xdist refuses workers whose collections differ; --lf and -k need stable ids).
 SOME_ID = "5c0ffee0-0000-4000-8000-00000000a11d"
 
 PROTECTED = [

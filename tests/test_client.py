@@ -26,9 +26,6 @@ from sa_core.client import API_PREFIX, ApiError, AsyncClient, Client, Event, Wai
 from tests.helpers import REPO, answers, free_port, wait_for
 
 _ORGS = itertools.count(700)
-# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
-# module-scoped web and worker are set up once.
-pytestmark = pytest.mark.xdist_group("client")
 
 
 class Live:

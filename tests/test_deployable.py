@@ -19,9 +19,6 @@ import pytest
 from tests.helpers import REPO, answers, free_port, wait_for
 
 API = "/sa-core/v1"
-# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
-# module-scoped wheel is built once.
-pytestmark = pytest.mark.xdist_group("deployable")
 
 
 def _uv() -> list[str]:

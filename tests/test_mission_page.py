@@ -39,9 +39,6 @@ from tests.helpers import REPO, free_port, require_tool
 from tests.processes import gunicorn
 
 API = "/sa-core/v1"
-# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
-# module-scoped web, worker and browser are set up once.
-pytestmark = pytest.mark.xdist_group("mission_page")
 BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
 
 WAIT = 30.0

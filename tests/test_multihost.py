@@ -26,9 +26,6 @@ from tests.helpers import answers, require, wait_for
 from tests.hosts import VENV_BIN, Host, Hosts, Process, procfile_command, unavailable
 
 WEB_PORT = 8000
-# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
-# module-scoped hosts, cluster and pooler are set up once.
-pytestmark = pytest.mark.xdist_group("multihost")
 FAST = {
     "SA_HEARTBEAT_INTERVAL": "0.5", "SA_STALE_AFTER": "5", "SA_RECLAIM_INTERVAL": "0.5",
     "SA_POLL_INTERVAL": "0.25", "SA_STUCK_AFTER": "120", "SA_SHUTDOWN_GRACE": "3",
