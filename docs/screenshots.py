@@ -36,7 +36,7 @@ def main() -> None:
 
     # NOTE: run as a script, the repository root is not on sys.path; the tests' gunicorn helper is.
     sys.path.insert(0, str(REPO))
-    from tests.test_sse import gunicorn
+    from tests.processes import gunicorn
 
     with FakeProvider(config=FakeConfig()) as fake, \
             scratch_database("sa_shots", "SA_TEST_DATABASE_URL") as url, \

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
 
 import falcon.testing
 import psycopg
@@ -21,26 +18,14 @@ from jobqueue.core.tokens import Caller, create_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
-from jobqueue.runtime.assembly import AssembledWorker, assemble_worker, worker_config
-from jobqueue.runtime.provider import RoutedProviders
-from jobqueue.runtime.worker import Worker
 from service.app import create_app
 from service.event_hub import EventHub
+from tests.helpers import TableReset, WorkerHarness
 
-TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
-          "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window")
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Polls `predicate` until it returns something truthy; fails the test after `timeout`."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        time.sleep(interval)
+TABLES = ("sa_job_event", "sa_ledger", "sa_audit", "sa_edge", "sa_job", "sa_entity", "sa_api_token",
+          "sa_job_archive", "sa_job_event_archive", "sa_ledger_archive", "sa_route_pause",
+          "sa_route_window")
+"""What every test that uses the database starts from empty (and the tables referencing them)."""
 
 
 @pytest.fixture(scope="session")
@@ -101,13 +86,18 @@ def pool(base_settings: Settings) -> Iterator[ConnectionPool[DictConnection]]:
     pool.close()
 
 
+@pytest.fixture(scope="session")
+def _table_reset(database_url: str) -> Iterator[TableReset]:
+    reset = TableReset(database_url, TABLES)
+    yield reset
+    reset.close()
+
+
 @pytest.fixture(autouse=True)
 def _clean_tables(request: pytest.FixtureRequest) -> None:
     if "database_url" not in request.fixturenames:
         return
-    url = request.getfixturevalue("database_url")
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(f"TRUNCATE {TABLES} RESTART IDENTITY CASCADE")  # type: ignore[arg-type]
+    request.getfixturevalue("_table_reset")()
 
 
 @pytest.fixture
@@ -171,63 +161,8 @@ def other_org_auth(pool: ConnectionPool[DictConnection]) -> dict[str, str]:
     return {"Authorization": f"Bearer {create_token(pool, 2, 20)}"}
 
 
-class WorkerHarness:
-    """Builds workers against the fake provider and stops them all at teardown."""
-
-    def __init__(self, settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
-        self.settings = settings
-        self.pool = pool
-        self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
-                                               settings.provider_max_response_bytes,
-                                               settings.provider_connect_timeout,
-                                               settings.provider_read_timeout)
-        self._running: list[tuple[Worker, threading.Thread]] = []
-        self._parts: list[AssembledWorker] = []
-
-    def build(self, **config: Any) -> Worker:
-        parts = assemble_worker(self.settings, worker_config(self.settings, **config),
-                                pool=self.pool, providers=self.providers)
-        self._parts.append(parts)
-        return parts.worker
-
-    def start(self, listen: bool = False, **config: Any) -> Worker:
-        parts = assemble_worker(self.settings, worker_config(self.settings, **config),
-                                pool=self.pool, providers=self.providers)
-        self._parts.append(parts)
-        if listen:
-            assert parts.listen(self.settings.direct_database_url).listening.wait(5)
-        thread = threading.Thread(target=parts.worker.run, daemon=True)
-        thread.start()
-        self._running.append((parts.worker, thread))
-        return parts.worker
-
-    def stop_all(self) -> None:
-        for worker, _ in self._running:
-            worker.stop()
-        for _, thread in self._running:
-            thread.join(timeout=10)
-        self._running.clear()
-        for parts in self._parts:
-            parts.close()
-        self.providers.close()
-
-
 @pytest.fixture
 def workers(settings: Settings, pool: ConnectionPool[DictConnection]) -> Iterator[WorkerHarness]:
     harness = WorkerHarness(settings, pool)
     yield harness
     harness.stop_all()
-
-
-def fetch_one(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> dict[str, Any]:
-    """Runs a test-side SELECT and returns its only row."""
-    with pool.connection() as conn:
-        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
-    assert row is not None
-    return row
-
-
-def fetch_all(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> list[dict[str, Any]]:
-    """Runs a test-side SELECT and returns all rows."""
-    with pool.connection() as conn:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]

@@ -1,14 +1,102 @@
-"""Small helpers shared by the integration tests."""
+"""Helpers shared by the tests: waiting, test-side SQL, HTTP calls, plans, workers, system tools.
+
+Fixtures live in tests/conftest.py; everything a test module imports lives here or in another
+helper module (never in conftest or a test module: see tests/unit/test_layout.py).
+"""
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import falcon.testing
 import httpx
 import psycopg
+import pytest
 from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
+from jobqueue.runtime.assembly import AssembledWorker, assemble_worker, worker_config
+from jobqueue.runtime.provider import RoutedProviders
+from jobqueue.runtime.worker import Worker
+
+__all__ = ["REPO", "REQUIRE_TOOLS", "TableReset", "WorkerHarness", "answers", "fetch_all", "fetch_one",
+           "free_port", "job_state", "plan_nodes", "plan_tree", "require", "require_tool", "submit",
+           "wait_for"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+REQUIRE_TOOLS = "SA_REQUIRE_TEST_TOOLS"
+"""Set to 1 (`.ci/run` does, where it installs them) to fail, not skip, a test whose system tool or
+privilege is missing."""
+
+
+def require(missing: str | None, install: str) -> None:
+    """Skips the calling test (or module) when something it needs is missing; fails it instead
+    where SA_REQUIRE_TEST_TOOLS=1.
+
+    Args:
+        missing: what is missing (e.g. "`promtool` is not installed"), or None when nothing is.
+        install: the exact command (or step) that provides it, named in the skip.
+    """
+    if missing is None:
+        return
+    if os.environ.get(REQUIRE_TOOLS) == "1":
+        pytest.fail(f"{missing} ({install}); {REQUIRE_TOOLS}=1 requires it", pytrace=False)
+    pytest.skip(f"{missing} ({install})", allow_module_level=True)
+
+
+def require_tool(name: str, install: str) -> str:
+    """Returns the path of the system command `name`; see `require` when it is not installed.
+
+    Tests never install anything: `install` names the command that does (`.ci/run` runs it).
+    """
+    found = shutil.which(name)
+    require(None if found else f"`{name}` is not installed", install)
+    assert found is not None
+    return found
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Polls `predicate` until it returns something truthy; fails the test after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s")
+        time.sleep(interval)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (the OS's pick)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def fetch_one(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> dict[str, Any]:
+    """Runs a test-side SELECT and returns its only row."""
+    with pool.connection() as conn:
+        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return row
+
+
+def fetch_all(pool: ConnectionPool[DictConnection], query: str, *params: Any) -> list[dict[str, Any]]:
+    """Runs a test-side SELECT and returns all rows."""
+    with pool.connection() as conn:
+        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
 
 
 def answers(url: str) -> bool:
@@ -17,6 +105,7 @@ def answers(url: str) -> bool:
         return httpx.get(url, timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
 
 def submit(client: falcon.testing.TestClient, auth: dict[str, str], **body: Any) -> dict[str, Any]:
     """POSTs a prompt and returns the 202 body."""
@@ -80,3 +169,89 @@ def plan_nodes(conn: psycopg.Connection[Any], statement: Any, params: Any = None
         return [node] + [n for child in node.get("Plans", []) for n in walk(child)]
 
     return walk(plan_tree(conn, statement, params, generic=generic))
+
+
+class WorkerHarness:
+    """Builds workers against the fake provider and stops them all at teardown."""
+
+    def __init__(self, settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
+                                               settings.provider_max_response_bytes,
+                                               settings.provider_connect_timeout,
+                                               settings.provider_read_timeout)
+        self._running: list[tuple[Worker, threading.Thread]] = []
+        self._parts: list[AssembledWorker] = []
+
+    def build(self, **config: Any) -> Worker:
+        parts = assemble_worker(self.settings, worker_config(self.settings, **config),
+                                pool=self.pool, providers=self.providers)
+        self._parts.append(parts)
+        return parts.worker
+
+    def start(self, listen: bool = False, **config: Any) -> Worker:
+        parts = assemble_worker(self.settings, worker_config(self.settings, **config),
+                                pool=self.pool, providers=self.providers)
+        self._parts.append(parts)
+        if listen:
+            assert parts.listen(self.settings.direct_database_url).listening.wait(5)
+        thread = threading.Thread(target=parts.worker.run, daemon=True)
+        thread.start()
+        self._running.append((parts.worker, thread))
+        return parts.worker
+
+    def stop_all(self) -> None:
+        for worker, _ in self._running:
+            worker.stop()
+        for _, thread in self._running:
+            thread.join(timeout=10)
+        self._running.clear()
+        for parts in self._parts:
+            parts.close()
+        self.providers.close()
+
+
+# NOTE: the tables a TRUNCATE ... CASCADE of `tables` reaches (those referencing them too), and
+# of those the ones a test touched: a page written (a row, even one rolled back), statistics
+# taken (ANALYZE), or an owned sequence drawn from (an insert refused by a constraint). What is
+# left out is as TRUNCATE ... RESTART IDENTITY leaves it: no page, no statistics, sequences unused.
+_TOUCHED = """
+WITH RECURSIVE reach(rel) AS (
+    SELECT unnest(%(tables)s::regclass[])
+  UNION
+    SELECT c.conrelid::regclass FROM pg_constraint c JOIN reach ON c.confrelid = reach.rel
+     WHERE c.contype = 'f'
+)
+SELECT t.relname FROM reach JOIN pg_class t ON t.oid = reach.rel
+ WHERE pg_relation_size(t.oid) > 0 OR t.reltuples >= 0
+    OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class s ON s.oid = d.objid
+                WHERE d.classid = 'pg_class'::regclass AND d.refobjid = t.oid
+                  -- NOTE: CASE, since the planner may call the function before other filters.
+                  AND CASE WHEN s.relkind = 'S' THEN pg_sequence_last_value(s.oid) END IS NOT NULL)
+"""
+
+
+class TableReset:
+    """Puts `tables` back as TRUNCATE ... RESTART IDENTITY CASCADE leaves them, truncating only
+    those a test touched: each truncated table costs a new file per table and index and a
+    synchronous commit (tens of ms, hundreds on a busy disk), and most tests touch few tables."""
+
+    def __init__(self, conninfo: str, tables: Sequence[str]) -> None:
+        self._conninfo = conninfo
+        self._tables = list(tables)
+        self._conn: psycopg.Connection[Any] | None = None
+
+    def __call__(self) -> list[str]:
+        """Truncates the touched tables; returns their names."""
+        if self._conn is None or self._conn.closed or self._conn.broken:
+            self._conn = psycopg.connect(self._conninfo, autocommit=True)
+        touched = [row[0] for row in self._conn.execute(_TOUCHED, {"tables": self._tables})]
+        if touched:
+            self._conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+                sql.SQL(", ").join(map(sql.Identifier, touched))))
+        return touched
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()

@@ -11,7 +11,7 @@ unanswered, as with a pulled cable.
 Needs root (namespaces, links, addresses) and the `ip`, `initdb` and `pgbouncer` commands; Postgres
 and PgBouncer refuse to run as root, so they run as the `postgres` system user (as the current
 user when not root: `Bouncer` alone works unprivileged, for a pooler in front of any server).
-`unavailable()` says why the namespaces cannot be had, for a skip.
+`unavailable()` says what is missing to have the namespaces and what provides it, for a skip.
 
 Cleanup: `Hosts` is a context manager that stops every process it started (each in its own
 process group), deletes its namespaces, links and bridge, stops its Postgres and removes its
@@ -45,7 +45,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg.rows import dict_row
 
-__all__ = ["COUNTS", "Bouncer", "Cluster", "Host", "Hosts", "Process", "conninfo_host_port", "free_port",
+from tests.helpers import free_port
+
+__all__ = ["COUNTS", "Bouncer", "Cluster", "Host", "Hosts", "Process", "conninfo_host_port",
            "procfile_command", "reap_stale", "unavailable"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -55,13 +57,6 @@ TMP_PREFIX = "sa-hosts-"
 SERVICE_USER = "postgres"
 PROVIDER_PORT = 9100
 """Each host's provider listens on its own loopback, so every host uses the same port."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on `host` now (the OS's pick)."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def procfile_command(role: str) -> str:
@@ -88,19 +83,24 @@ def _postgres_bin() -> Path | None:
     return found[-1].parent if found else None
 
 
-def unavailable() -> str | None:
-    """Why this machine cannot run the multi-host harness, or None when it can."""
+_PACKAGES = {"ip": "iproute2", "pgbouncer": "pgbouncer", "runuser": "util-linux"}
+"""The Debian package of each command the harness runs."""
+
+
+def unavailable() -> tuple[str, str] | None:
+    """What this machine lacks to run the multi-host harness and what provides it, or None."""
     if os.geteuid() != 0:
-        return "network namespaces need root (run as root, as CI does)"
-    for tool in ("ip", "pgbouncer", "runuser"):
+        return "network namespaces need root", "run the tests as root (.ci/run does in CI)"
+    for tool, package in _PACKAGES.items():
         if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (.ci/run installs pgbouncer)"
+            return f"`{tool}` is not installed", f"apt-get install {package}"
     if _postgres_bin() is None:
-        return "no Postgres server binaries under /usr/lib/postgresql/*/bin"
+        return "no Postgres server binaries under /usr/lib/postgresql/*/bin", "apt-get install postgresql"
     probe = f"{PREFIX}{os.getpid()}-probe"
     made = _run("ip", "netns", "add", probe, check=False)
     if made.returncode != 0:
-        return f"cannot create a network namespace: {made.stderr.strip()}"
+        return (f"cannot create a network namespace: {made.stderr.strip()}",
+                "run as root where the kernel allows network namespaces")
     _run("ip", "netns", "del", probe, check=False)
     return None
 
@@ -305,9 +305,9 @@ class Hosts:
         self._stack = contextlib.ExitStack()
 
     def __enter__(self) -> Hosts:
-        reason = unavailable()
-        if reason is not None:
-            raise RuntimeError(reason)
+        missing = unavailable()
+        if missing is not None:
+            raise RuntimeError("{} ({})".format(*missing))
         reap_stale()
         try:
             self._setup()

@@ -12,8 +12,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
 from service.app import create_app
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import job_state, submit
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, job_state, submit, wait_for
 
 
 def test_prompt_runs_to_succeeded_with_response_edge_ledger_and_audit(

@@ -3,7 +3,6 @@ malformed headers answer 4xx; the token cache forgets a revoked token at once an
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +16,13 @@ from jobqueue.core.listener import NotificationListener
 from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Authenticator, Caller, IssuedToken, issue_token, revoke_token
-from tests.conftest import fetch_one, wait_for
-from tests.helpers import submit
-from tests.test_sse import gunicorn
+from tests.helpers import fetch_one, submit, wait_for
+from tests.processes import gunicorn
 
 API = "/sa-core/v1"
-SOME_ID = str(uuid.uuid4())
+# NOTE: fixed, not uuid4(): it is in test ids, which must not change from one collection to the
+# next (pytest-xdist refuses workers whose collections differ; --lf and -k need stable ids).
+SOME_ID = "5c0ffee0-0000-4000-8000-00000000a11d"
 
 PROTECTED = [
     f"{API}/jobs/{SOME_ID}", f"//sa-core/v1/jobs/{SOME_ID}", f"///sa-core/v1/jobs/{SOME_ID}",

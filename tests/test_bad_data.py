@@ -11,7 +11,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
-from tests.conftest import WorkerHarness, fetch_all, wait_for
+from tests.helpers import WorkerHarness, fetch_all, wait_for
 
 __all__: list[str] = []
 

@@ -14,8 +14,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
 from service.validation import MAX_BATCH
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, submit, wait_for
 
 BATCH = "/sa-core/v1/prompts/batch"
 

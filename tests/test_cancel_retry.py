@@ -20,7 +20,7 @@ from jobqueue.engine.control import Retried, cancel_job, retry_job, retry_prompt
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.reclaim import Reclaimer
 from jobqueue.runtime.executor import Outcome, RunControl
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, wait_for
 
 API = "/sa-core/v1"
 

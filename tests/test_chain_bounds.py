@@ -19,8 +19,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import chains
 from service.app import create_app
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import job_state, submit
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, job_state, submit, wait_for
 
 API = "/sa-core/v1"
 

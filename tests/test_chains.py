@@ -11,8 +11,7 @@ import falcon.testing
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from tests.conftest import WorkerHarness, fetch_one, wait_for
-from tests.helpers import job_state, submit
+from tests.helpers import WorkerHarness, fetch_one, job_state, submit, wait_for
 
 API = "/sa-core/v1"
 

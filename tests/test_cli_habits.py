@@ -16,7 +16,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller, issue_token
 from jobqueue.core.version import VERSION
 from jobqueue.engine.enqueue import enqueue
-from tests.conftest import WorkerHarness
+from tests.helpers import WorkerHarness
 
 REPO = Path(__file__).resolve().parent.parent
 Cli = Callable[[list[str]], int]

@@ -6,14 +6,12 @@ import asyncio
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
-from pathlib import Path
 
 import httpx
 import psycopg
@@ -25,18 +23,9 @@ from jobqueue.core.tokens import create_token
 from jobqueue.devtools.fake_provider import FakeProvider
 from jobqueue.schema.migrate import migrate
 from sa_core.client import API_PREFIX, ApiError, AsyncClient, Client, Event, WaitTimeout
-from tests.conftest import wait_for
-from tests.helpers import answers
+from tests.helpers import REPO, answers, free_port, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 _ORGS = itertools.count(700)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class Live:
@@ -61,7 +50,7 @@ def live(database_url: str, fake: FakeProvider, tmp_path_factory: pytest.TempPat
         conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
     url = make_conninfo(database_url, dbname=name)
     migrate(url)
-    port = _free_port()
+    port = free_port()
     logs = tmp_path_factory.mktemp("live")
     env = {**os.environ, "DATABASE_URL": url, "PORT": str(port), "WEB_CONCURRENCY": "1",
            "SA_PROVIDER_URL": fake.url, "SA_POLL_INTERVAL": "0.1", "SA_SSE_KEEPALIVE": "1",

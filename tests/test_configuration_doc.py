@@ -56,7 +56,7 @@ def test_the_reader_finds_what_the_settings_read() -> None:
 def test_the_configuration_page_lists_every_variable_the_code_reads_and_no_other() -> None:
     code = read_by(_sources("jobqueue", "service", "sa_core"))
     # NOTE: the tests' and benchmarks' own servers are documented too; their other variables
-    # (SA_MULTIHOST_REQUIRED, ...) belong to the harness, not to a deployment.
+    # (SA_REQUIRE_TEST_TOOLS, ...) belong to the harness, not to a deployment.
     harness = "\n".join(path.read_text() for path in _sources("tests", "bench"))
     code |= {name for name in ("SA_TEST_DATABASE_URL", "SA_BENCH_DATABASE_URL") if f'"{name}"' in harness}
     page = documented()

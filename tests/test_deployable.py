@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,10 +18,8 @@ from typing import IO, Any
 import httpx
 import pytest
 
-from tests.conftest import wait_for
-from tests.helpers import answers
+from tests.helpers import REPO, answers, free_port, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
 API = "/sa-core/v1"
 
 
@@ -141,19 +138,12 @@ def _procfile() -> dict[str, str]:
     return {name.strip(): command.strip() for name, command in entries}
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def test_the_wheel_migrates_an_empty_database_and_serves_a_prompt_as_the_procfile_runs_it(
     installed: Path, empty_database: str, tmp_path: Path,
 ) -> None:
     procfile = _procfile()
     assert set(procfile) == {"release", "web", "worker"}
-    port = _free_port()
+    port = free_port()
     # NOTE: nothing of the checkout is reachable: another directory, no PYTHONPATH, the venv's
     # bin first on PATH, as a deployment's process manager would run it.
     env = {"PATH": f"{installed / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8",
@@ -248,7 +238,7 @@ def test_sa_core_dev_runs_from_an_empty_directory_with_its_data_in_the_users_dat
     # and `sa-core dev` give a newcomer.
     env = {"PATH": f"{installed_embedded / 'bin'}:/usr/bin:/bin", "HOME": str(home),
            "XDG_DATA_HOME": str(home / "share"), "LANG": "C.UTF-8"}
-    dev = Process("dev", f"sa-core dev --port {_free_port()}", env, empty)
+    dev = Process("dev", f"sa-core dev --port {free_port()}", env, empty)
     try:
         exports = wait_for(lambda: next((line for _, line in list(dev.lines)
                                          if line.startswith("export ")), None), timeout=180, interval=0.2)
@@ -274,7 +264,7 @@ def test_sa_core_dev_runs_from_an_empty_directory_with_its_data_in_the_users_dat
 
 def test_the_wheel_without_the_extra_says_how_to_get_a_database(installed: Path, tmp_path: Path) -> None:
     env = {"PATH": f"{installed / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    dev = subprocess.run(["sa-core", "dev", "--port", str(_free_port())], env=env, cwd=tmp_path,
+    dev = subprocess.run(["sa-core", "dev", "--port", str(free_port())], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=120)
     assert dev.returncode == 1
     [line] = dev.stderr.splitlines()

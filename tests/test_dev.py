@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 from tests.hosts import free_port
 
 REPO = Path(__file__).resolve().parent.parent

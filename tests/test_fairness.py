@@ -16,7 +16,7 @@ from jobqueue.core.tokens import Caller, create_token
 from jobqueue.engine.claim import claim
 from jobqueue.engine.enqueue import Submission, enqueue_many
 from service.app import create_app
-from tests.conftest import fetch_one
+from tests.helpers import fetch_one
 
 A, B, C = Caller(1, 10), Caller(2, 20), Caller(3, 30)
 

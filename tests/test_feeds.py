@@ -27,17 +27,9 @@ from service.app import create_app
 from service.auth import AuthMiddleware
 from service.event_hub import EventHub
 from service.resources.events import MissionEvents
-from tests.conftest import fetch_all, wait_for
-from tests.helpers import plan_nodes, submit
-from tests.test_sse import (
-    API,
-    CANCEL,
-    EVENTS,
-    _raw_streams,
-    gunicorn,
-    open_wsgi_stream,
-    token_headers,
-)
+from tests.helpers import fetch_all, plan_nodes, submit, wait_for
+from tests.processes import gunicorn
+from tests.sse_client import API, CANCEL, EVENTS, open_wsgi_stream, raw_streams, token_headers
 
 RECENT = f"{API}/mission/recent"
 
@@ -310,12 +302,12 @@ def test_stream_caps_answer_429_while_healthz_answers_and_revoked_or_dead_stream
            "SA_SSE_KEEPALIVE": "0.5", "SA_SSE_TOKEN_CHECK": "0.5"}
     with gunicorn(settings, tmp_path, **env) as base, \
             httpx.Client(base_url=base, timeout=5.0) as http:
-        a_streams = _raw_streams(base, tokens["a"], 3)
+        a_streams = raw_streams(base, tokens["a"], 3)
         refused = http.get(EVENTS, headers=tokens["a"])
         assert refused.status_code == 429 and int(refused.headers["Retry-After"]) >= 1
         assert set(refused.json()) == {"title", "description"}
 
-        b_streams = _raw_streams(base, tokens["b"], 2)
+        b_streams = raw_streams(base, tokens["b"], 2)
         full = http.get(EVENTS, headers=tokens["c"])
         assert full.status_code == 429 and "SA_SSE_MAX_STREAMS" in full.json()["description"]
         assert http.get("/healthz").status_code == 200

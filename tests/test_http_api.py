@@ -11,8 +11,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from tests.conftest import WorkerHarness, fetch_one
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_one, submit
 
 
 def row_counts(pool: ConnectionPool[DictConnection]) -> dict[str, int]:

@@ -17,7 +17,7 @@ from jobqueue.core.tokens import create_token
 from jobqueue.engine.idempotency import prune_expired_keys
 from jobqueue.operator.cli import main
 from service.app import create_app
-from tests.conftest import fetch_all, fetch_one
+from tests.helpers import fetch_all, fetch_one
 
 PROMPT = "/sa-core/v1/prompt"
 

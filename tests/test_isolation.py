@@ -19,7 +19,7 @@ from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
 from jobqueue.runtime.maintenance import MaintenanceLeader
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, wait_for
 
 RECLAIM = Reclaimer.Config(stale_after=1.0, stuck_after=5.0, batch_size=100)
 OTHER = Caller(org_id=2, user_id=20)

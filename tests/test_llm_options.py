@@ -11,8 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.conftest import WorkerHarness, fetch_one
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_one, submit
 
 API = "/sa-core/v1"
 

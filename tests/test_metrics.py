@@ -3,17 +3,10 @@ with several processes; each worker serves its own port; request ids; structured
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +15,6 @@ import httpx
 import psycopg
 import pytest
 from prometheus_client.multiprocess import MultiProcessCollector
-from prometheus_client.parser import text_string_to_metric_families
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
@@ -30,31 +22,11 @@ from jobqueue.core.queries import metrics as metrics_q
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller, create_token
 from jobqueue.engine.enqueue import enqueue
-from tests.conftest import WorkerHarness, fetch_one, wait_for
-from tests.helpers import plan_nodes, submit
+from tests.helpers import WorkerHarness, fetch_one, free_port, plan_nodes, submit, wait_for
+from tests.metrics_page import parse, scrape, value
+from tests.processes import log_lines, run_process
 
-REPO = Path(__file__).resolve().parent.parent
 API = "/sa-core/v1"
-
-Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
-
-
-def parse(page: str) -> Samples:
-    """Every sample of a Prometheus text page, keyed by (sample name, labels)."""
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(page) for s in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float:
-    return samples.get((name, frozenset(labels.items())), 0.0)
-
-
-def scrape(client: falcon.testing.TestClient) -> Samples:
-    result = client.simulate_get("/metrics")
-    assert result.status_code == 200, result.text
-    assert result.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
-    return parse(result.text)
-
 
 def db_count(pool: ConnectionPool[DictConnection], where: str) -> int:
     return int(fetch_one(pool, f"SELECT count(*) AS n FROM sa_job_event WHERE {where}")["n"])
@@ -177,34 +149,11 @@ def test_the_scrape_time_depth_read_touches_only_the_partial_indexes(
 # --- real processes ----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _get(url: str) -> httpx.Response | None:
     try:
         return httpx.get(url, timeout=2.0)
     except httpx.HTTPError:
         return None
-
-
-@contextlib.contextmanager
-def _process(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """Runs a child in the repo with stdout and stderr in `log`; SIGTERM (then kill) at the end."""
-    with log.open("wb") as out:
-        child = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                 env={k: v for k, v in {**os.environ, **env}.items() if v is not None})
-        try:
-            yield child
-        finally:
-            child.send_signal(signal.SIGTERM)
-            try:
-                child.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
 
 
 def _enqueued_by_process(directory: Path) -> dict[str, float]:
@@ -218,20 +167,10 @@ def _enqueued_by_process(directory: Path) -> dict[str, float]:
     return counts
 
 
-def _log_lines(log: Path) -> list[dict[str, Any]]:
-    lines = []
-    for raw in log.read_text().splitlines():
-        with contextlib.suppress(ValueError):
-            parsed = json.loads(raw)
-            if isinstance(parsed, dict) and "event" in parsed:
-                lines.append(parsed)
-    return lines
-
-
 def test_gunicorn_with_two_processes_reports_every_processs_traffic_in_each_scrape(
     settings: Settings, pool: ConnectionPool[DictConnection], tmp_path: Path,
 ) -> None:
-    port, secret = _free_port(), f"secret-prompt-{uuid.uuid4().hex}"
+    port, secret = free_port(), f"secret-prompt-{uuid.uuid4().hex}"
     multiproc = tmp_path / "prometheus"
     multiproc.mkdir()
     env = {"DATABASE_URL": settings.database_url, "PORT": str(port), "WEB_CONCURRENCY": "2",
@@ -240,7 +179,7 @@ def test_gunicorn_with_two_processes_reports_every_processs_traffic_in_each_scra
     token = create_token(pool, 5, 50)
     headers = {"Authorization": f"Bearer {token}"}
     log = tmp_path / "web.log"
-    with _process([sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf",
+    with run_process([sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf",
                    "service.app:create_app()"], env, log) as web:
         wait_for(lambda: web.poll() is None and (r := _get(f"{base}/readyz")) is not None
                  and r.status_code == 200, timeout=30, interval=0.1)
@@ -301,7 +240,7 @@ def test_gunicorn_with_two_processes_reports_every_processs_traffic_in_each_scra
         assert [s for s in parse(page) if s[0] == "sa_build_info"] != []
         assert "sa_worker_slots" not in page
 
-    lines = _log_lines(log)
+    lines = log_lines(log)
     request = [line for line in lines if line["event"] == "http.request"
                and line.get("request_id") == "trace-me-1"]
     assert len(request) == 1
@@ -325,12 +264,12 @@ def test_a_worker_serves_its_own_metrics_and_logs_each_transition_without_text(
 ) -> None:
     secret = f"secret-prompt-{uuid.uuid4().hex}"
     job = enqueue(pool, caller, secret)
-    port = _free_port()
+    port = free_port()
     env = {"DATABASE_URL": settings.database_url, "SA_PROVIDER_URL": settings.provider_url,
            "SA_METRICS_PORT": str(port), "SA_POLL_INTERVAL": "0.05", "SA_SHUTDOWN_GRACE": "2",
            "PROMETHEUS_MULTIPROC_DIR": None}
     log = tmp_path / "worker.log"
-    with _process([sys.executable, "-m", "jobqueue.operator.cli", "run-worker", "--concurrency", "2"],
+    with run_process([sys.executable, "-m", "jobqueue.operator.cli", "run-worker", "--concurrency", "2"],
                   env, log) as worker:  # type: ignore[arg-type]
         wait_for(lambda: fetch_one(pool, "SELECT state FROM sa_job WHERE id = %s", job.job_id)[
             "state"] == "succeeded", timeout=20)
@@ -357,7 +296,7 @@ def test_a_worker_serves_its_own_metrics_and_logs_each_transition_without_text(
         assert worker.poll() is None
     assert worker.returncode == 0
 
-    lines = [line for line in _log_lines(log) if line.get("job_id") == str(job.job_id)]
+    lines = [line for line in log_lines(log) if line.get("job_id") == str(job.job_id)]
     events = [line["event"] for line in lines]
     assert events == ["job.claimed", "provider.request", "job.finalized"], events
     for line in lines:

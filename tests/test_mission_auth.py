@@ -21,8 +21,7 @@ from service.auth import SESSION_COOKIE, SESSION_HEADER
 from service.middleware_security import SECURITY_HEADERS
 from service.resources.pages import PAGE_CSP, STATIC_DIR
 from service.resources.session import SESSION_TTL_SECONDS
-from tests.conftest import WorkerHarness, fetch_one
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_one, submit
 
 API = "/sa-core/v1"
 HOST = "falconframework.org"  # NOTE: the Host falcon.testing sends by default

@@ -22,31 +22,24 @@ from typing import Any
 import httpx
 import pytest
 from psycopg_pool import ConnectionPool
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
 
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.test_sse import REPO, _free_port, gunicorn
+from tests.helpers import REPO, free_port, require_tool
+from tests.processes import gunicorn
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
 API = "/sa-core/v1"
-
-if not (os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER)):
-    if os.environ.get("CI"):
-        raise RuntimeError("CI must run the browser tests: .ci/run installs chromium and chromium-driver")
-    pytest.skip("Debian's chromium and chromium-driver are not installed "
-                "(apt-get install chromium chromium-driver)", allow_module_level=True)
-
-from selenium import webdriver  # noqa: E402
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
-from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
 
 WAIT = 30.0
 """Seconds any page state is waited for; the page is polled every 50 ms, never slept on."""
@@ -100,15 +93,18 @@ def worker(mission_settings: Settings, fake: FakeProvider) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    """Debian's Chromium through Debian's chromedriver, never a browser Selenium would download."""
+    chromium = require_tool("chromium", install=BROWSER_PACKAGES)
+    chromedriver = require_tool("chromedriver", install=BROWSER_PACKAGES)
     options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
+    options.binary_location = chromium
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
                  "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
                  "--window-size=1280,900",
                  f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
         options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
     yield driver
     driver.quit()
 
@@ -385,7 +381,7 @@ def test_the_page_falls_back_to_polling_when_the_web_stops_and_converges_when_it
     page: WebDriver, mission_settings: Settings, mission_pool: ConnectionPool[DictConnection],
     tmp_path: Path, web: str,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     with gunicorn(mission_settings, tmp_path, port=port, **WEB_ENV) as base:
         viewer = Viewer(mission_pool, base)
         viewer.sign_in(page)

@@ -17,8 +17,7 @@ from jobqueue.core.routes import load_routes
 from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from service.app import create_app
-from tests.conftest import WorkerHarness, fetch_one
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_one, submit
 
 API = "/sa-core/v1"
 AZURE_KEY = "azure-secret"

@@ -20,7 +20,7 @@ from jobqueue.core.queries import archive as archive_q
 from jobqueue.core.queries import inspection as inspection_q
 from jobqueue.core.tokens import Caller
 from jobqueue.runtime.archive import ArchiveCounts, Archiver
-from tests.conftest import fetch_all, fetch_one
+from tests.helpers import fetch_all, fetch_one
 from tests.scenario import Scenario
 
 Cli = Callable[[list[str]], int]

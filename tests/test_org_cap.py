@@ -7,7 +7,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, wait_for
 
 RUNNING_BY_ORG = "SELECT org_id, count(*) AS n FROM sa_job WHERE state = 'running' GROUP BY org_id"
 

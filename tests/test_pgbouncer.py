@@ -32,14 +32,8 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import create_token
 from jobqueue.core.wakeup import WakeupSender
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.conftest import wait_for
-from tests.helpers import answers
-from tests.hosts import VENV_BIN, Bouncer, Process, conninfo_host_port, free_port, procfile_command
-
-# NOTE: never skipped where .ci/run sets SA_MULTIHOST_REQUIRED (as root, it installs pgbouncer).
-pytestmark = pytest.mark.skipif(
-    shutil.which("pgbouncer") is None and os.environ.get("SA_MULTIHOST_REQUIRED") != "1",
-    reason="pgbouncer is not installed (.ci/run installs Debian's package)")
+from tests.helpers import answers, free_port, require_tool, wait_for
+from tests.hosts import VENV_BIN, Bouncer, Process, conninfo_host_port, procfile_command
 
 PROMPTS = 40
 SESSION_BOUND = """
@@ -71,6 +65,7 @@ def worker_role(database_url: str) -> Iterator[str]:
 
 @pytest.fixture
 def bouncer(database_url: str, worker_role: str) -> Iterator[Bouncer]:
+    require_tool("pgbouncer", install="apt-get install pgbouncer")
     # NOTE: a directory of our own, not tmp_path: as root PgBouncer runs as `postgres`, which
     # cannot enter pytest's private temporary tree.
     root = Path(tempfile.mkdtemp(prefix="sa-pgbouncer-"))

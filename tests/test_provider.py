@@ -17,7 +17,7 @@ import pytest
 from jobqueue.core.policy import ErrorKind
 from jobqueue.devtools.fake_provider import FakeProvider
 from jobqueue.runtime.provider import Provider, ProviderFailure
-from tests.conftest import wait_for
+from tests.helpers import wait_for
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 

@@ -18,8 +18,7 @@ from jobqueue.core.tokens import create_token
 from jobqueue.engine.claim import claim
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from service.app import create_app
-from tests.conftest import fetch_one
-from tests.helpers import plan_nodes
+from tests.helpers import fetch_one, plan_nodes
 
 PROMPT = "/sa-core/v1/prompt"
 

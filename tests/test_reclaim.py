@@ -23,7 +23,7 @@ from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
 from jobqueue.runtime.maintenance import MaintenanceLeader
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = Reclaimer.Config(stale_after=1.0, stuck_after=5.0, batch_size=100)

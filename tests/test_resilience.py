@@ -21,10 +21,9 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
 from service.app import create_app
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, submit, wait_for
+from tests.processes import gunicorn
 from tests.tcp_proxy import TcpProxy
-from tests.test_sse import gunicorn
 
 
 @pytest.fixture

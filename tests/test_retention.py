@@ -16,7 +16,7 @@ from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.reclaim import Reclaimer
 from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.retention import Retention, RetentionCounts
-from tests.conftest import fetch_all, fetch_one, wait_for
+from tests.helpers import fetch_all, fetch_one, wait_for
 
 __all__: list[str] = []
 

@@ -11,8 +11,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, submit, wait_for
 
 JOB_AND_LAST_CALL = """
 SELECT j.state, j.attempt, j.error_kind, j.error_message, j.scheduled_for - l.created_at AS delay

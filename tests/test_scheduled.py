@@ -13,8 +13,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from tests.conftest import WorkerHarness, fetch_one, wait_for
-from tests.helpers import job_state, submit
+from tests.helpers import WorkerHarness, fetch_one, job_state, submit, wait_for
 
 NEVER = 600.0
 PROMPT = "/sa-core/v1/prompt"

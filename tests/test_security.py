@@ -15,8 +15,7 @@ from jobqueue.core.settings import Settings
 from service import resources
 from service.app import create_app
 from service.middleware_security import SECURITY_HEADERS
-from tests.conftest import WorkerHarness
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, submit
 
 API = "/sa-core/v1"
 ORIGIN = "https://app.example.com"

@@ -21,8 +21,8 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from tests.conftest import fetch_one
-from tests.test_sse import REPO, gunicorn
+from tests.helpers import REPO, fetch_one
+from tests.processes import gunicorn
 
 API = "/sa-core/v1"
 PROMPT = f"{API}/prompt"

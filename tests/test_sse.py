@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import selectors
 import signal
@@ -12,8 +10,8 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,139 +24,28 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from jobqueue.core.tokens import Authenticator, Caller, create_token
+from jobqueue.core.tokens import Authenticator, Caller
 from service.app import create_app
 from service.auth import AuthMiddleware
 from service.event_hub import EventHub, HubConfig, SubscriptionClosed, replay_events
 from service.resources.events import MissionEvents
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import answers, submit
+from tests.helpers import REPO, WorkerHarness, fetch_all, fetch_one, submit, wait_for
+from tests.processes import gunicorn
+from tests.sse_client import (
+    API,
+    CANCEL,
+    EVENTS,
+    open_http_stream,
+    open_wsgi_stream,
+    raw_streams,
+    token_headers,
+)
 
-API = "/sa-core/v1"
-EVENTS = f"{API}/mission/events"
-REPO = Path(__file__).resolve().parent.parent
 TERMINAL = {"succeeded", "failed", "cancelled", "superseded"}
 
-# NOTE: raw SQL on purpose: an open transaction holding an event id while a later one commits.
-CANCEL = "UPDATE sa_job SET state = 'cancelled', finished_at = now() WHERE id = %s"
 # NOTE: web hubs LISTEN sa_job_event, workers sa_job_queued; both count here.
 LISTENERS = ("SELECT count(*) AS n FROM pg_stat_activity "
              "WHERE datname = current_database() AND query LIKE 'LISTEN sa\\_job\\_%%'")
-
-
-# --- SSE clients --------------------------------------------------------------------------
-
-
-@dataclass
-class Stream:
-    """Parsed frames of one SSE response: dispatched events, `id:`-only frames and comments."""
-
-    events: list[dict[str, Any]] = field(default_factory=list)
-    deltas: list[dict[str, Any]] = field(default_factory=list)
-    order: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
-    ids_only: list[int] = field(default_factory=list)
-    comments: list[str] = field(default_factory=list)
-    status: str = ""
-    headers: dict[str, str] = field(default_factory=dict)
-    started: threading.Event = field(default_factory=threading.Event)
-    done: threading.Event = field(default_factory=threading.Event)
-
-    def feed(self, chunk: bytes) -> None:
-        for frame in chunk.decode().split("\n\n"):
-            fields: dict[str, str] = {}
-            for line in frame.splitlines():
-                if line.startswith(":"):
-                    self.comments.append(line[1:].strip())
-                    continue
-                name, _, value = line.partition(":")
-                fields[name] = value.lstrip(" ")
-            if "data" in fields and fields["event"] == "job.output_delta":
-                assert "id" not in fields, "a delta must not move Last-Event-ID"
-                self.deltas.append(json.loads(fields["data"]))
-                self.order.append((fields["event"], self.deltas[-1]))
-            elif "data" in fields:
-                assert fields["event"] == "job.state_changed"
-                data = json.loads(fields["data"])
-                assert int(fields["id"]) == data["id"]
-                self.events.append(data)
-                self.order.append((fields["event"], data))
-            elif "id" in fields:
-                self.ids_only.append(int(fields["id"]))
-        self.started.set()
-
-    @property
-    def ids(self) -> list[int]:
-        return [e["id"] for e in self.events]
-
-    def states(self, job_id: str) -> list[str]:
-        return [e["to_state"] for e in self.events if e["job_id"] == job_id]
-
-
-def open_wsgi_stream(
-    app: falcon.App[falcon.Request, falcon.Response],
-    headers: dict[str, str],
-    query: str = "",
-    stop_when: Callable[[Stream], bool] | None = None,
-    path: str = EVENTS,
-) -> Stream:
-    """Runs the WSGI app for one SSE request in a thread, iterating the body as a server would.
-
-    The body is closed (like a server does when the client leaves) once `stop_when` holds, or
-    ends when the hub closes the subscription (hub.stop() at teardown).
-    """
-    stream = Stream()
-    environ = falcon.testing.create_environ(path=path, query_string=query, headers=headers)
-
-    def start_response(status: str, response_headers: list[tuple[str, str]],
-                       exc_info: Any = None) -> Callable[[bytes], object]:
-        stream.status = status
-        stream.headers = {k.lower(): v for k, v in response_headers}
-        return lambda _data: None
-
-    def run() -> None:
-        body = app(environ, start_response)
-        try:
-            for chunk in body:
-                stream.feed(chunk)
-                if stop_when is not None and stop_when(stream):
-                    break
-        finally:
-            close = getattr(body, "close", None)
-            if close is not None:
-                close()
-            stream.started.set()
-            stream.done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    assert stream.started.wait(10), "no first chunk: headers were not sent at once"
-    return stream
-
-
-def open_http_stream(base: str, headers: dict[str, str], query: str = "") -> Stream:
-    """Follows GET /mission/events over real HTTP in a thread, until the server ends it."""
-    stream = Stream()
-
-    def run() -> None:
-        try:
-            with httpx.stream("GET", f"{base}{EVENTS}{query}", headers=headers,
-                              timeout=httpx.Timeout(10.0, read=None)) as response:
-                stream.status = str(response.status_code)
-                stream.headers = dict(response.headers)
-                buffer = b""
-                for data in response.iter_bytes():
-                    buffer += data
-                    frames, sep, buffer = buffer.rpartition(b"\n\n")
-                    if sep:
-                        stream.feed(frames)
-        except httpx.HTTPError:
-            pass
-        finally:
-            stream.started.set()
-            stream.done.set()
-
-    threading.Thread(target=run, daemon=True).start()
-    assert stream.started.wait(10), "no first chunk: headers were not sent at once"
-    return stream
 
 
 # --- fixtures -----------------------------------------------------------------------------
@@ -169,10 +56,6 @@ def ready_hub(pool: ConnectionPool[DictConnection], **config: Any) -> EventHub:
     hub = EventHub(pool, HubConfig(poll_interval=60.0, **config))
     wait_for(lambda: not hub.poll_once())
     return hub
-
-
-def token_headers(pool: ConnectionPool[DictConnection], org_id: int, user_id: int) -> dict[str, str]:
-    return {"Authorization": f"Bearer {create_token(pool, org_id, user_id)}"}
 
 
 def all_event_ids(pool: ConnectionPool[DictConnection], caller: Caller) -> list[int]:
@@ -424,60 +307,6 @@ def test_polling_mission_recent_sees_the_same_final_states_as_the_stream(
 # --- the real web process (gunicorn, gevent) ----------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextlib.contextmanager
-def gunicorn(settings: Settings, tmp_path: Path, port: int | None = None, **env: str) -> Iterator[str]:
-    """Runs the web process exactly as the Procfile does (one gevent worker); yields its base URL.
-
-    A given `port` lets a test start the web again where its clients expect it.
-    """
-    port = port or _free_port()
-    log = (tmp_path / f"gunicorn-{port}.log").open("wb")
-    web = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf", "service.app:create_app()"],
-        cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-        env={**os.environ, "DATABASE_URL": settings.database_url, "PORT": str(port),
-             "WEB_CONCURRENCY": "1", "SA_POLL_INTERVAL": "0.1", **env})
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_for(lambda: web.poll() is None and answers(f"{base}/readyz"), timeout=30, interval=0.1)
-        yield base
-    finally:
-        web.send_signal(signal.SIGTERM)
-        try:
-            web.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            web.kill()
-            web.wait()
-        log.close()
-
-
-def _raw_streams(base: str, headers: dict[str, str], count: int) -> list[socket.socket]:
-    """Opens `count` SSE requests on plain sockets and waits until each has its first chunk."""
-    port = int(base.rsplit(":", 1)[1])
-    request = (f"GET {EVENTS} HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept: text/event-stream\r\n"
-               + "".join(f"{k}: {v}\r\n" for k, v in headers.items()) + "\r\n").encode()
-    socks = []
-    for _ in range(count):
-        sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        sock.sendall(request)
-        socks.append(sock)
-    for sock in socks:
-        head = b""
-        while b"retry:" not in head:
-            data = sock.recv(4096)
-            assert data, "stream closed before its first chunk"
-            head += data
-        assert head.startswith(b"HTTP/1.1 200")
-        sock.setblocking(False)
-    return socks
-
-
 def _read_until(socks: list[socket.socket], done: Callable[[bytes], bool], timeout: float) -> list[bytes]:
     received = {sock: b"" for sock in socks}
     with selectors.DefaultSelector() as selector:
@@ -502,7 +331,7 @@ def test_one_gevent_web_process_holds_100_streams_on_one_listen_connection_and_p
     with gunicorn(settings, tmp_path, SA_SSE_MAX_STREAMS_PER_TOKEN="100") as base:
         baseline = fetch_one(pool, "SELECT count(*) AS n FROM pg_stat_activity "
                                    "WHERE datname = current_database()")["n"]
-        socks = _raw_streams(base, auth, 100)
+        socks = raw_streams(base, auth, 100)
         try:
             sessions = fetch_one(pool, "SELECT count(*) AS n FROM pg_stat_activity "
                                        "WHERE datname = current_database()")["n"]

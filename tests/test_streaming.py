@@ -17,8 +17,9 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.routes import Route
 from jobqueue.core.settings import Settings
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.conftest import WorkerHarness, wait_for
-from tests.test_sse import gunicorn, open_http_stream
+from tests.helpers import WorkerHarness, wait_for
+from tests.processes import gunicorn
+from tests.sse_client import open_http_stream
 
 API = "/sa-core/v1"
 WORDS = " ".join(f"w{i}" for i in range(30))

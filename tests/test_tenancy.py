@@ -19,8 +19,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import create_token
 from service.auth import API_PREFIX, PUBLIC_ROUTES
-from tests.conftest import WorkerHarness, fetch_one
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_one, submit
 
 
 @dataclass

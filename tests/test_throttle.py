@@ -20,9 +20,9 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.engine.enqueue import enqueue
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import submit
-from tests.test_metrics import _log_lines, _process, scrape, value
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, submit, wait_for
+from tests.metrics_page import scrape, value
+from tests.processes import log_lines, run_process
 
 API = "/sa-core/v1"
 JOBS = "SELECT state, attempt FROM sa_job ORDER BY created_at"
@@ -46,7 +46,7 @@ def test_a_throttling_provider_shared_by_three_workers_pauses_them_all_and_spend
     logs = [tmp_path / f"worker{n}.log" for n in range(3)]
     with contextlib.ExitStack() as stack:
         for log in logs:
-            stack.enter_context(_process(argv, env, log))  # type: ignore[arg-type]
+            stack.enter_context(run_process(argv, env, log))  # type: ignore[arg-type]
         wait_for(lambda: all(r["state"] == "succeeded" for r in fetch_all(pool, JOBS)),
                  timeout=60)
 
@@ -62,7 +62,7 @@ def test_a_throttling_provider_shared_by_three_workers_pauses_them_all_and_spend
     # already in flight land within a few ms, a worker's copy of the pauses is at most 50 ms old.
     first = throttled[0]
     assert not [t - first for t, _ in arrivals if first + 0.3 < t < first + 0.9]
-    events = [e for log in logs for e in _log_lines(log)]
+    events = [e for log in logs for e in log_lines(log)]
     paused = [e for e in events if e.get("event") == "route.throttled"]
     assert paused and {(e["route"], e["reason"]) for e in paused} == {("default", "429")}
     put_back = [e for e in events if e.get("event") == "job.throttled"]

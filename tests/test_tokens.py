@@ -17,7 +17,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.operator.cli import main
 from service.app import create_app
-from tests.conftest import fetch_one
+from tests.helpers import fetch_one
 
 JOBS = "/sa-core/v1/mission/recent"
 PROMPT = "/sa-core/v1/prompt"

@@ -14,8 +14,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import inspection as inspection_q
 from jobqueue.runtime.archive import Archiver
-from tests.conftest import WorkerHarness, fetch_all, wait_for
-from tests.helpers import submit
+from tests.helpers import WorkerHarness, fetch_all, submit, wait_for
 
 API = "/sa-core/v1"
 Cli = Callable[[list[str]], int]

@@ -17,8 +17,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
-from tests.conftest import fetch_one
-from tests.helpers import submit
+from tests.helpers import fetch_one, submit
 
 API = "/sa-core/v1"
 SMALL_LIMIT = 1024

@@ -8,8 +8,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.wakeup import WakeupSender
-from tests.conftest import WorkerHarness, fetch_all, fetch_one, wait_for
-from tests.helpers import job_state, submit
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, job_state, submit, wait_for
 
 NEVER = 600.0
 

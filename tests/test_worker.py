@@ -27,8 +27,7 @@ from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.runtime.completer import Completer
 from jobqueue.schema.migrate import migrate
-from tests.conftest import fetch_all, fetch_one, wait_for
-from tests.helpers import submit
+from tests.helpers import fetch_all, fetch_one, submit, wait_for
 
 WRITES = """
 SELECT (SELECT count(*) FROM sa_entity WHERE kind = 'response') AS responses,

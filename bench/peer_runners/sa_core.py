@@ -18,7 +18,7 @@ a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit)
   reports the worker process's CPU seconds and peak RSS (from /proc) at the end.
 - noop: the same Worker, Executor and finalize in this process, with a provider stub that
   answers at once without HTTP (still a full finalize: response, edge, ledger, events), and a
-  NotificationListener wired to `Worker.on_job_queued` the way tests/conftest.py wires it.
+  NotificationListener wired to `Worker.on_job_queued` the way tests/helpers.py's WorkerHarness does.
   Task start is the stub's call, as the libraries' runners take it. Both variants also
   report `claim_ms` (enqueue commit -> `running` event).
 

@@ -76,6 +76,28 @@ def test_an_upward_import_is_caught() -> None:
                                                                   "jobqueue.core.queries"}
 
 
+def _leaning(modules: set[str]) -> list[str]:
+    """The imported modules that are a conftest or a test module (`test_*`), at any depth."""
+    return sorted(m for m in modules
+                  if m.rsplit(".", 1)[-1] == "conftest" or m.rsplit(".", 1)[-1].startswith("test_"))
+
+
+def test_no_module_imports_a_test_module_or_a_conftest() -> None:
+    """Helpers (functions, classes) live in helper modules such as tests/helpers.py, fixtures in
+    tests/conftest.py: a test module that another imports runs twice (once as pytest collects it)
+    and ties the two together."""
+    leaning = {str(path.relative_to(REPO)): found for top in ("tests", "bench", "docs")
+               for path in _sources(top) if (found := _leaning(_imports(path)))}
+    assert leaning == {}, "move these to tests/helpers.py (or another helper module): " + str(leaning)
+
+
+def test_an_import_of_a_test_module_or_a_conftest_is_caught() -> None:
+    assert _leaning({"tests.conftest", "tests.test_sse", "conftest", "tests.unit.test_states",
+                     "tests.helpers", "tests.sse_client", "jobqueue.core.states"}) == [
+        "conftest", "tests.conftest", "tests.test_sse", "tests.unit.test_states"]
+    assert _leaning(_imports(REPO / "tests" / "unit" / "test_layout.py")) == []
+
+
 def _statement_names() -> set[str]:
     names: set[str] = set()
     for path in (REPO / "jobqueue" / "core" / "queries").glob("*.py"):
