@@ -33,7 +33,8 @@ from service.app import create_app
 from service.event_hub import EventHub
 
 TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
-          "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window")
+          "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window, "
+          "sa_file, sa_file_chunk, sa_batch, sa_batch_request")
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
