@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import socketserver
+import threading
+from collections.abc import Iterator
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import falcon.testing
 import httpx
 import psycopg
 from psycopg import sql
+from psycopg_pool import ConnectionPool
+
+from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
+from jobqueue.runtime.batch_keeper import BatchKeeper
+from service.app import create_app
+from service.event_hub import EventHub
 
 
 def answers(url: str) -> bool:
@@ -80,3 +92,38 @@ def plan_nodes(conn: psycopg.Connection[Any], statement: Any, params: Any = None
         return [node] + [n for child in node.get("Plans", []) for n in walk(child)]
 
     return walk(plan_tree(conn, statement, params, generic=generic))
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """The app logs every request itself."""
+
+
+@contextlib.contextmanager
+def serve_app(settings: Settings, pool: ConnectionPool[DictConnection]) -> Iterator[str]:
+    """Serves the app over real HTTP on a free port (a thread per request); yields its base URL."""
+    hub = EventHub.from_settings(pool, settings)
+    server = make_server("127.0.0.1", 0, create_app(settings, pool, hub=hub),
+                         server_class=_ThreadingServer, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        hub.stop()
+
+
+@contextlib.contextmanager
+def running_keeper(settings: Settings, pool: ConnectionPool[DictConnection]) -> Iterator[BatchKeeper]:
+    """A batch keeper on the tests' pool, stopped afterwards."""
+    keeper = BatchKeeper(pool, BatchKeeper.Config.from_settings(settings)).start()
+    try:
+        yield keeper
+    finally:
+        keeper.stop()
