@@ -96,9 +96,9 @@ BATCH_LIST_PAGE = ("SELECT " + BATCH_COLUMNS + """
 # served by sa_batch_pkey (id). A validating or running batch starts cancelling (the keeper
 # does the rest); the answer is the row either way, with `changed`, so the route answers 200 or
 # 409 from one round trip.
-BATCH_CANCEL_IF_ACTIVE = """
+BATCH_CANCEL_IF_ACTIVE = ("""
 WITH target AS (
-    SELECT id, status FROM sa_batch
+    SELECT """ + BATCH_COLUMNS + """ FROM sa_batch
      WHERE id = %(id)s AND org_id IS NOT DISTINCT FROM %(org_id)s
        FOR UPDATE
 ), changed AS (
@@ -106,12 +106,13 @@ WITH target AS (
        SET status = 'cancelling', cancelling_at = now()
       FROM target
      WHERE b.id = target.id AND target.status IN ('validating', 'in_progress')
-    RETURNING b.id
+    RETURNING b.*
 )
-SELECT (SELECT count(*) FROM changed) > 0 AS changed, """ + BATCH_COLUMNS + """
-  FROM sa_batch
- WHERE id = (SELECT id FROM target)
-"""
+SELECT true AS changed, """ + BATCH_COLUMNS + """ FROM changed
+UNION ALL
+SELECT false AS changed, """ + BATCH_COLUMNS + """ FROM target
+ WHERE NOT EXISTS (SELECT 1 FROM changed)
+""")
 
 # served by sa_batch_active_idx WHERE unfinished: up to `limit` unfinished batches whose lease
 # is free or ran out, oldest first, leased to the caller for `seconds`. SKIP LOCKED keeps two
