@@ -158,7 +158,7 @@ def _openai_settings(env: Mapping[str, str]) -> dict[str, Any]:
         "batch_priority": int(_bounded(batch_priority, "SA_BATCH_PRIORITY", 90)),
         "batch_max_queued": _int(env, "SA_BATCH_MAX_QUEUED", 1000),
         "batch_interval": _float(env, "SA_BATCH_INTERVAL", 1.0),
-        "batch_retention": _float(env, "SA_BATCH_RETENTION", 30 * 86400.0),
+        "batch_retention": _seconds_or_off(env, "SA_BATCH_RETENTION", 30 * 86400.0),
     }
 
 
