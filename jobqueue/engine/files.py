@@ -88,7 +88,8 @@ class _LineCounter:
 
 
 def store_file(pool: ConnectionPool[DictConnection], caller: Caller, read: Reader, *,
-               filename: str, purpose: str, ttl: float | None, limits: FileLimits) -> Row:
+               filename: str, purpose: str, ttl: float | None, limits: FileLimits,
+               check_end: Callable[[], None]) -> Row:
     """Streams an upload into pieces of FILE_CHUNK_BYTES; the file appears once it is whole.
 
     Args:
@@ -99,6 +100,8 @@ def store_file(pool: ConnectionPool[DictConnection], caller: Caller, read: Reade
         purpose: `batch`.
         ttl: seconds until the file expires (None: never).
         limits: the bounds of one upload.
+        check_end: raises unless the upload ended as it should (a cut body reads as a short
+            file; its framing tells), before the file is made visible.
 
     Returns:
         The file's row.
@@ -120,6 +123,7 @@ def store_file(pool: ConnectionPool[DictConnection], caller: Caller, read: Reade
                                      "purpose": purpose, "filename": filename})
     try:
         _stream_pieces(pool, file_id, read, limits, min(room, limits.max_bytes))
+        check_end()
         with pool.connection() as conn:
             row = conn.execute(q.FILE_COMPLETE, {**scope, "id": file_id, "ttl": ttl}).fetchone()
     except BaseException:

@@ -109,8 +109,9 @@ class FileCollection:
 
     def _upload(self, req: falcon.Request) -> dict[str, Any]:
         form: falcon.media.multipart.MultipartForm = req.get_media()
+        parts = iter(form)
         fields: dict[str, str] = {}
-        for part in form:
+        for part in parts:
             name = part.name or ""
             if name != "file":
                 if name != "purpose" and not _FIELD.fullmatch(name):
@@ -127,7 +128,7 @@ class FileCollection:
             filename = (part.filename or "upload.jsonl").strip()[:255] or "upload.jsonl"
             return files.store_file(self._pool, req.context.caller, part.stream.read,
                                     filename=filename, purpose=purpose, ttl=self._ttl(fields),
-                                    limits=self._limits)
+                                    limits=self._limits, check_end=lambda: _no_more(parts))
         raise bad_request("the form holds no `file`", "file", "missing_required_parameter")
 
     def _ttl(self, fields: dict[str, str]) -> float:
@@ -162,6 +163,13 @@ class FileCollection:
         resp.media = {"object": "list", "data": data, "has_more": more,
                       "first_id": data[0]["id"] if data else None,
                       "last_id": data[-1]["id"] if data else None}
+
+
+def _no_more(parts: Iterator[Any]) -> None:
+    """Reads the form to its end: nothing may follow the file, and a form cut short (its closing
+    boundary missing) raises Falcon's MultipartParseError, so a truncated file is never kept."""
+    for part in parts:
+        raise bad_request("`file` must be the form's last field", part.name)
 
 
 def _limit(req: falcon.Request, default: int, high: int) -> int:
