@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import signal
+import socket
 import socketserver
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -127,3 +134,37 @@ def running_keeper(settings: Settings, pool: ConnectionPool[DictConnection]) -> 
         yield keeper
     finally:
         keeper.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
+def gunicorn_web(database_url: str, log_dir: Path, **env: str) -> Iterator[str]:
+    """Runs the web as the Procfile does (gunicorn, one gevent worker); yields its base URL."""
+    port = _free_port()
+    with (log_dir / f"gunicorn-{port}.log").open("wb") as log:
+        web = subprocess.Popen(
+            [sys.executable, "-m", "gunicorn", "-c", "python:service.gunicorn_conf",
+             "service.app:create_app()"], cwd=Path(__file__).resolve().parent.parent,
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "DATABASE_URL": database_url, "PORT": str(port),
+                 "WEB_CONCURRENCY": "1", "SA_POLL_INTERVAL": "0.1", **env})
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 30
+            while not (web.poll() is None and answers(f"{base}/readyz")):
+                if time.monotonic() > deadline:
+                    raise AssertionError("gunicorn did not become ready within 30 s")
+                time.sleep(0.1)
+            yield base
+        finally:
+            web.send_signal(signal.SIGTERM)
+            try:
+                web.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                web.kill()
+                web.wait()
