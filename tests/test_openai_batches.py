@@ -96,7 +96,11 @@ def test_a_batch_runs_to_completed_with_its_output_and_error_files_matched_to_cu
     lines: list[Any] = [_line(f"ok-{n}", f"question {n}", temperature=0.2) for n in range(3)]
     lines += [_line("refused", "no [fake:400]"), b"{not json", b"",
               _line("tools", "x", tools=[{"type": "function", "function": {"name": "f"}}]),
-              _line("ok-0", "a repeated custom_id")]
+              _line("ok-0", "a repeated custom_id"),
+              # NOTE: valid JSON the database cannot store (jsonb holds no NUL): its page is
+              # split until this line alone is refused, and only it fails.
+              _line("nul", "x", response_format={"type": "json_schema", "json_schema": {
+                  "name": "s", "schema": {"description": "a\x00b"}}})]
     input_id = _upload(client, lines)
     workers.start(listen=True, poll_interval=600)
     with running_keeper(settings, pool):
@@ -106,7 +110,7 @@ def test_a_batch_runs_to_completed_with_its_output_and_error_files_matched_to_cu
         done = _finished(client, batch.id)
     assert done.request_counts is not None
     assert (done.request_counts.total, done.request_counts.completed,
-            done.request_counts.failed) == (7, 3, 4)
+            done.request_counts.failed) == (8, 3, 5)
     assert done.in_progress_at and done.finalizing_at and done.completed_at
     assert done.usage is not None and done.usage.output_tokens > 0
     output = _lines_of(client, done.output_file_id)
@@ -118,7 +122,8 @@ def test_a_batch_runs_to_completed_with_its_output_and_error_files_matched_to_cu
         assert response["body"]["choices"][0]["message"]["content"] == (
             f"echo[1]: user:question {n}")
     errors = _lines_of(client, done.error_file_id)
-    assert set(errors) == {"refused", None, "tools", "ok-0"}
+    assert set(errors) == {"refused", None, "tools", "ok-0", "nul"}
+    assert "cannot be stored" in errors["nul"]["error"]["message"]
     assert errors["refused"]["response"]["status_code"] == 400
     assert errors["refused"]["response"]["body"]["error"]["code"] == "provider_4xx"
     assert errors[None]["error"]["code"] == "invalid_json"

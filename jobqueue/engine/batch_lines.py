@@ -26,6 +26,8 @@ __all__ = ["LineRules", "Slice", "validate_slice"]
 
 MAX_CUSTOM_ID_CHARS = 512
 _PAGE = 500
+_PAGE_BYTES = 4 * 1024 * 1024
+"""A page is written once it holds this many bytes of lines, so a page of long lines stays small."""
 _ERRORS_SHOWN = 100
 """Most line errors a failed batch lists in its `errors`."""
 
@@ -202,7 +204,7 @@ def validate_slice(conn: DictConnection, batch: Row, rules: LineRules, *, max_li
                                         "it was read whole", "input_file_id"))
     start, number = int(batch["read_bytes"]), int(batch["read_lines"])
     page: list[_Line] = []
-    stored = invalid = 0
+    stored = invalid = page_bytes = 0
     offset = start
     for offset, raw in _lines(conn, batch["input_file_id"], start, rules.max_line_bytes):
         number += 1
@@ -211,10 +213,11 @@ def validate_slice(conn: DictConnection, batch: Row, rules: LineRules, *, max_li
                 "line_too_long", f"line {number} is longer than {rules.max_line_bytes} bytes")))
         elif raw.strip():
             page.append(_judge(raw, number, batch["endpoint"], rules))
-        if len(page) >= _PAGE:
+            page_bytes += len(raw)
+        if len(page) >= _PAGE or page_bytes >= _PAGE_BYTES:
             _store(conn, batch["id"], page)
             stored, invalid = stored + len(page), invalid + sum(1 for line in page if line.error)
-            page = []
+            page, page_bytes = [], 0
         if number - int(batch["read_lines"]) >= max_lines or offset - start >= max_bytes:
             break
     if page:

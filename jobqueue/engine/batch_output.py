@@ -33,7 +33,9 @@ __all__ = ["OUTPUT_NAMESPACE", "output_file_ids", "write_slice"]
 OUTPUT_NAMESPACE = uuid.UUID("6f1d2c52-9f53-4e0b-9a53-3c2b8e1f7a10")
 """Namespace of the uuid5 ids of a batch's output and error files."""
 
-_PAGE = 500
+_PAGE = 50
+"""Lines read per round trip. NOTE: with the slice's 1 MiB bound checked after each line, a
+slice holds at most a page of answers (each at most SA_PROVIDER_MAX_RESPONSE_BYTES) in memory."""
 
 # NOTE: OpenAI's codes and wording for requests a batch ended before they ran.
 _NEVER_RAN = {
@@ -118,16 +120,19 @@ def write_slice(conn: DictConnection, batch: Row, *, max_lines: int, ttl: float 
     output, errors = _Piece(output_id), _Piece(error_id)
     tokens_in = tokens_out = written = 0
     done = False
-    while written < max_lines and max(len(output.data), len(errors.data)) < FILE_CHUNK_BYTES:
+    full = False
+    while written < max_lines and not full:
         rows = conn.execute(q.BATCH_OUTPUT_PAGE, {"id": batch["id"], "after": after,
                                                   "limit": _PAGE}, prepare=False).fetchall()
         for row in rows:
             to_output, line, used_in, used_out = _line(row, batch["id"])
             (output if to_output else errors).add(line)
             tokens_in, tokens_out = tokens_in + used_in, tokens_out + used_out
-            after = row["line"]
-        written += len(rows)
-        if len(rows) < _PAGE:
+            after, written = row["line"], written + 1
+            full = max(len(output.data), len(errors.data)) >= FILE_CHUNK_BYTES
+            if full:
+                break
+        if not full and len(rows) < _PAGE:
             done = True
             break
     _append(conn, output)

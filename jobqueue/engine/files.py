@@ -141,7 +141,7 @@ def _stream_pieces(pool: ConnectionPool[DictConnection], file_id: uuid.UUID, rea
                    limits: FileLimits, max_bytes: int) -> None:
     counter = _LineCounter()
     deadline = time.monotonic() + limits.timeout
-    size, seq, buffer = 0, 0, bytearray()
+    size, seq, buffer, lines = 0, 0, bytearray(), 0
     while True:
         data = read(FILE_CHUNK_BYTES - len(buffer))
         if time.monotonic() > deadline:
@@ -153,17 +153,17 @@ def _stream_pieces(pool: ConnectionPool[DictConnection], file_id: uuid.UUID, rea
                                f"this file would take your organization past its "
                                f"{limits.org_max_bytes} bytes of files")
         buffer += data
-        ended = counter.feed(data) + (0 if data else counter.finish())
+        lines += counter.feed(data) + (0 if data else counter.finish())
         if counter.lines > limits.max_lines:
             raise FileTooLarge(f"a file may hold at most {limits.max_lines} requests (lines)")
         if buffer and (len(buffer) == FILE_CHUNK_BYTES or not data):
             with pool.connection() as conn:
                 conn.execute(q.FILE_CHUNK_INSERT, {"file_id": file_id, "seq": seq,
-                                                   "data": bytes(buffer), "lines": ended})
-            seq, buffer = seq + 1, bytearray()
-        elif ended and not data:
+                                                   "data": bytes(buffer), "lines": lines})
+            seq, buffer, lines = seq + 1, bytearray(), 0
+        elif lines and not data:
             with pool.connection() as conn:
-                conn.execute(q.FILE_COUNT_LINES, {"file_id": file_id, "lines": ended})
+                conn.execute(q.FILE_COUNT_LINES, {"file_id": file_id, "lines": lines})
         if not data:
             if size == 0:
                 raise InvalidInput("the file is empty")
