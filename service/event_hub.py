@@ -277,7 +277,7 @@ class EventHub:
         self._subs: dict[Key, set[Subscription]] = defaultdict(set)
         self._per_token: dict[bytes, int] = defaultdict(int)
         self._job_watchers: dict[uuid.UUID, set[threading.Event]] = defaultdict(set)
-        self._job_followers: dict[uuid.UUID, set[Subscription]] = defaultdict(set)
+        self._taps: list[Callable[[Sequence[Live]], None]] = []
         self._horizon = EventHorizon()
         self._ready = threading.Event()
         self._looked = threading.Event()
@@ -444,42 +444,11 @@ class EventHub:
                 if not watchers:
                     del self._job_watchers[job_id]
 
-    def follow_job(self, job_id: uuid.UUID) -> Subscription:
-        """Returns a subscription to one job's transitions and output deltas, whoever owns it.
-
-        For a streamed chat answer (service/openai/): the caller has checked the job is its
-        own, reads the job once after following (as after `watch_job`), and always calls
-        `unfollow_job`. Not counted against the SSE stream caps: the chat route has its own.
-        """
-        sub = Subscription(0, None, b"", self.config.client_buffer)
-        with self._lock:
-            self._job_followers[job_id].add(sub)
-        try:
-            self.wait_ready(self.config.start_timeout)
-        except BaseException:
-            self.unfollow_job(job_id, sub)
-            raise
-        return sub
-
-    def unfollow_job(self, job_id: uuid.UUID, sub: Subscription) -> None:
-        """Forgets a follow (idempotent)."""
-        with self._lock:
-            followers = self._job_followers.get(job_id)
-            if followers is not None:
-                followers.discard(sub)
-                if not followers:
-                    del self._job_followers[job_id]
-        sub.close("unsubscribed")
-
-    def _offer_followers(self, items: Sequence[Live]) -> None:
-        """Hands each event or delta to the followers of its job; one too far behind is closed."""
-        with self._lock:
-            if not self._job_followers:
-                return
-            for item in items:
-                for sub in self._job_followers.get(item.job_id, ()):
-                    if not sub.offer([item]):
-                        sub.close("too far behind")
+    def add_tap(self, tap: Callable[[Sequence[Live]], None]) -> None:
+        """Also hands every delivered batch of events, and of output deltas, to `tap` (in the
+        reader's thread, so it must not block): how the chat front door follows single jobs
+        (service/openai/follow.py)."""
+        self._taps.append(tap)
 
     def unsubscribe(self, sub: Subscription) -> None:
         """Forgets a stream (idempotent)."""
@@ -577,8 +546,8 @@ class EventHub:
             deltas[(r["org_id"], r["created_by"])].append(delta)
             deltas[(r["org_id"], None)].append(delta)
         self._offer(deltas)
-        self._offer_followers([d for (_org, user), group in deltas.items() if user is None
-                               for d in group])
+        for tap in self._taps:
+            tap([d for (_org, user), group in deltas.items() if user is None for d in group])
 
     def _take_barrier(self, conn: DictConnection) -> None:
         # NOTE: two statements, in this order (see service/event_horizon.py).
@@ -626,7 +595,8 @@ class EventHub:
             if event.from_state == "running":
                 self._partial_sent.pop(event.job_id, None)
         self._offer(by_key, events[-1].id)
-        self._offer_followers(events)
+        for tap in self._taps:
+            tap(events)
         self._wake_watchers(events)
 
     def _wake_watchers(self, events: list[JobEvent]) -> None:

@@ -155,10 +155,10 @@ def gunicorn_web(database_url: str, log_dir: Path, **env: str) -> Iterator[str]:
                  "WEB_CONCURRENCY": "1", "SA_POLL_INTERVAL": "0.1", **env})
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + 60
             while not (web.poll() is None and answers(f"{base}/readyz")):
                 if time.monotonic() > deadline:
-                    raise AssertionError("gunicorn did not become ready within 30 s")
+                    raise AssertionError("gunicorn did not become ready within 60 s")
                 time.sleep(0.1)
             yield base
         finally:

@@ -27,6 +27,7 @@ from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import Enqueued, enqueue
 from service.event_hub import EventHub
 from service.openai.errors import OpenAIError, bad_request
+from service.openai.follow import JobFollowers
 from service.openai.stream import ChatStream, StreamPlan, TextTracker, await_first, frames
 from service.openai.waits import (
     CLIENT_TIMEOUT_HEADER,
@@ -54,6 +55,7 @@ class ChatCompletions:
                  gate: WaitGate) -> None:
         self._pool = pool
         self._hub = hub
+        self._followers = JobFollowers(hub)
         self._gate = gate
         self._settings = settings
         self._routes = settings.routes
@@ -133,10 +135,10 @@ class ChatCompletions:
 
     def _stream(self, resp: falcon.Response, caller: Caller, job_id: uuid.UUID,
                 request: ChatRequest, seconds: float, slot: Slot, key: str | None) -> None:
-        sub = self._hub.follow_job(job_id)
+        sub = self._followers.follow(job_id)
 
         def close() -> None:
-            self._hub.unfollow_job(job_id, sub)
+            self._followers.unfollow(job_id, sub)
             slot.release()
 
         settings = self._settings
@@ -149,7 +151,7 @@ class ChatCompletions:
             if row["state"] in TERMINAL and row["state"] != "succeeded":
                 self._answer(resp, row, job_id, seconds, key)
         except BaseException:
-            self._hub.unfollow_job(job_id, sub)
+            self._followers.unfollow(job_id, sub)
             raise
         resp.content_type = "text/event-stream; charset=utf-8"
         resp.cache_control = ["no-cache"]
