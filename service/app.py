@@ -30,6 +30,7 @@ from service.middleware_security import (
     SecurityHeadersMiddleware,
     cors_middleware,
 )
+from service.openai.routes import add_openai_routes
 from service.openapi import OPENAPI_PATH, OpenApiDocument, build_openapi
 from service.resources.control import JobCancel, PromptRetry
 from service.resources.docs import DOCS_PATH, STYLESHEET_PATH, ApiDocs, ApiDocsStylesheet
@@ -201,6 +202,7 @@ def create_app(
     app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))
+    add_openai_routes(app, pool, settings, hub)
     # NOTE: the pages live at the root, outside the versioned JSON API: they are HTML, and the
     # session cookie's Path (/sa-core/v1) keeps it off them.
     static = load_static()

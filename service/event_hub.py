@@ -7,7 +7,7 @@ import time
 import uuid
 import weakref
 from collections import defaultdict, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -213,7 +213,7 @@ class Subscription:
                 self._closed = reason
             self._cond.notify_all()
 
-    def offer(self, events: list[JobEvent] | list[OutputDelta]) -> bool:
+    def offer(self, events: Sequence[Live]) -> bool:
         """Appends events without blocking; False (and nothing appended) when they do not fit."""
         with self._cond:
             if self._closed is not None:
@@ -277,6 +277,7 @@ class EventHub:
         self._subs: dict[Key, set[Subscription]] = defaultdict(set)
         self._per_token: dict[bytes, int] = defaultdict(int)
         self._job_watchers: dict[uuid.UUID, set[threading.Event]] = defaultdict(set)
+        self._taps: list[Callable[[Sequence[Live]], None]] = []
         self._horizon = EventHorizon()
         self._ready = threading.Event()
         self._looked = threading.Event()
@@ -443,6 +444,12 @@ class EventHub:
                 if not watchers:
                     del self._job_watchers[job_id]
 
+    def add_tap(self, tap: Callable[[Sequence[Live]], None]) -> None:
+        """Also hands every delivered batch of events, and of output deltas, to `tap` (in the
+        reader's thread, so it must not block): how the chat front door follows single jobs
+        (service/openai/follow.py)."""
+        self._taps.append(tap)
+
     def unsubscribe(self, sub: Subscription) -> None:
         """Forgets a stream (idempotent)."""
         with self._lock:
@@ -539,6 +546,8 @@ class EventHub:
             deltas[(r["org_id"], r["created_by"])].append(delta)
             deltas[(r["org_id"], None)].append(delta)
         self._offer(deltas)
+        for tap in self._taps:
+            tap([d for (_org, user), group in deltas.items() if user is None for d in group])
 
     def _take_barrier(self, conn: DictConnection) -> None:
         # NOTE: two statements, in this order (see service/event_horizon.py).
@@ -586,6 +595,8 @@ class EventHub:
             if event.from_state == "running":
                 self._partial_sent.pop(event.job_id, None)
         self._offer(by_key, events[-1].id)
+        for tap in self._taps:
+            tap(events)
         self._wake_watchers(events)
 
     def _wake_watchers(self, events: list[JobEvent]) -> None:

@@ -15,9 +15,11 @@ import structlog
 
 __all__ = [
     "SECURITY_HEADERS",
+    "BodyTimeout",
     "QueryParamsMiddleware",
     "RequestLimitsMiddleware",
     "SecurityHeadersMiddleware",
+    "body_deadline",
     "cors_middleware",
 ]
 
@@ -36,7 +38,7 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 log = structlog.get_logger(__name__)
 
 
-class _BodyTimeout(Exception):
+class BodyTimeout(Exception):
     """The client did not send its body within the deadline."""
 
 
@@ -90,6 +92,9 @@ class RequestLimitsMiddleware:
         """
         if req.method not in _BODY_METHODS or resource is None:
             return
+        if getattr(resource, "streams_body", False):
+            # NOTE: a file upload streams its own body to storage under its own limits.
+            return
         length = req.content_length
         chunked = "chunked" in (req.get_header("Transfer-Encoding") or "").lower()
         if length is not None and length > self._max:
@@ -114,9 +119,9 @@ class RequestLimitsMiddleware:
         # other request of the process for as long as it takes to answer them.
         timeout = self._timeout * random.uniform(1.0, 1.5)
         try:
-            with _deadline(timeout, env):
+            with body_deadline(timeout, env):
                 data: bytes = env["wsgi.input"].read(self._max + 1 if length is None else length)
-        except _BodyTimeout:
+        except BodyTimeout:
             log.info("http.body_timeout", timeout_s=round(timeout, 3))
             raise falcon.HTTPError(
                 falcon.HTTP_408, title="Request timeout",
@@ -148,8 +153,8 @@ def _incomplete() -> falcon.HTTPBadRequest:
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float, env: Mapping[str, Any]) -> Iterator[None]:
-    """Raises _BodyTimeout from a body read that runs past `seconds` of wall-clock time.
+def body_deadline(seconds: float, env: Mapping[str, Any]) -> Iterator[None]:
+    """Raises BodyTimeout from a body read that runs past `seconds` of wall-clock time.
 
     Under gunicorn's gevent worker (the Procfile's) a gevent.Timeout interrupts the read however
     the client spaces its bytes. Under a threaded or sync worker the socket's timeout bounds each
@@ -159,7 +164,7 @@ def _deadline(seconds: float, env: Mapping[str, Any]) -> Iterator[None]:
     if _gevent_patched():
         import gevent
 
-        with gevent.Timeout(seconds, _BodyTimeout):
+        with gevent.Timeout(seconds, BodyTimeout):
             yield
         return
     sock = env.get("gunicorn.socket")
@@ -171,7 +176,7 @@ def _deadline(seconds: float, env: Mapping[str, Any]) -> Iterator[None]:
     try:
         yield
     except TimeoutError:
-        raise _BodyTimeout() from None
+        raise BodyTimeout() from None
     finally:
         sock.settimeout(previous)
 

@@ -10,6 +10,7 @@ import falcon
 import falcon.media
 
 from jobqueue.core.jsonable import json_default
+from service.openai.errors import OPENAI_PREFIX, serialize_openai_error
 
 __all__ = ["json_handler", "serialize_error"]
 
@@ -44,7 +45,13 @@ def json_handler() -> falcon.media.JSONHandler:
 
 
 def serialize_error(req: falcon.Request, resp: falcon.Response, exception: falcon.HTTPError) -> None:
-    """Writes every error as JSON `{title, description}`, whatever the request's Accept header says."""
+    """Writes every error as JSON `{title, description}`, whatever the request's Accept header says.
+
+    Under /openai/v1 it is OpenAI's shape instead, so an SDK reads every refusal it gets there.
+    """
+    if req.path.startswith(OPENAI_PREFIX + "/") or req.path == OPENAI_PREFIX:
+        serialize_openai_error(req, resp, exception)
+        return
     title, description = exception.title, exception.description
     if description is None:
         title, description = _FALLBACK.get(exception.status_code, (title, title))

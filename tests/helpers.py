@@ -6,15 +6,18 @@ helper module (never in conftest or a test module: see tests/unit/test_layout.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
 import socket
+import socketserver
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import falcon.testing
 import httpx
@@ -26,12 +29,15 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.runtime.assembly import AssembledWorker, assemble_worker, worker_config
+from jobqueue.runtime.batch_keeper import BatchKeeper
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import Worker
+from service.app import create_app
+from service.event_hub import EventHub
 
 __all__ = ["REPO", "REQUIRE_TOOLS", "TableReset", "WorkerHarness", "answers", "fetch_all", "fetch_one",
-           "free_port", "job_state", "plan_nodes", "plan_tree", "require", "require_tool", "submit",
-           "wait_for"]
+           "free_port", "job_state", "plan_nodes", "plan_tree", "require", "require_tool",
+           "running_keeper", "serve_app", "submit", "wait_for"]
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -255,3 +261,38 @@ class TableReset:
     def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        """The app logs every request itself."""
+
+
+@contextlib.contextmanager
+def serve_app(settings: Settings, pool: ConnectionPool[DictConnection]) -> Iterator[str]:
+    """Serves the app over real HTTP on a free port (a thread per request); yields its base URL."""
+    hub = EventHub.from_settings(pool, settings)
+    server = make_server("127.0.0.1", 0, create_app(settings, pool, hub=hub),
+                         server_class=_ThreadingServer, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        hub.stop()
+
+
+@contextlib.contextmanager
+def running_keeper(settings: Settings, pool: ConnectionPool[DictConnection]) -> Iterator[BatchKeeper]:
+    """A batch keeper on the tests' pool, stopped afterwards."""
+    keeper = BatchKeeper(pool, BatchKeeper.Config.from_settings(settings)).start()
+    try:
+        yield keeper
+    finally:
+        keeper.stop()

@@ -28,6 +28,8 @@ from jobqueue.core.settings import Settings
 from service.app import create_app
 from service.auth import API_PREFIX, PAGE_ROUTES
 from service.event_hub import EventHub
+from service.openai.errors import OPENAI_PREFIX
+from service.openai.routes import OPENAI_ROUTES
 from service.openapi import OPENAPI_PATH, build_openapi
 from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, PREFER, UUID_PATTERN
 
@@ -179,10 +181,14 @@ def test_every_route_is_documented_and_every_documented_route_is_served(
 ) -> None:
     app = client.app
     assert isinstance(app, falcon.App)
-    # NOTE: the pages are HTML for browsers, not API operations.
+    # NOTE: the pages are HTML for browsers, not API operations; the OpenAI-compatible front
+    # door follows OpenAI's own published API (docs/openai.md), checked against its list below.
     served = {(m.method.lower(), _template(route.path))
               for route in falcon.inspect.inspect_routes(app) if route.path not in PAGE_ROUTES
               for m in route.methods if not m.internal}
+    openai_served = {(method, path) for method, path in served if path.startswith(OPENAI_PREFIX)}
+    assert openai_served == OPENAI_ROUTES, "list the front door's routes in service/openai/routes.py"
+    served -= openai_served
     documented = {(method, path) for path, item in DOCUMENT["paths"].items() for method in item}
     assert served - documented == set(), "document these routes in service/openapi.py"
     assert documented - served == set(), "these documented routes are not served"

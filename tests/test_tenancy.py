@@ -19,6 +19,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import create_token
 from service.auth import API_PREFIX, PUBLIC_ROUTES
+from service.openai.routes import OPENAI_ROUTES
 from tests.helpers import WorkerHarness, fetch_one, submit
 
 
@@ -145,6 +146,11 @@ CASES = [
 # Opening and closing a session acts on the caller's own token only, whatever its org:
 # tests/test_mission_auth.py proves a session acts for its own token's org and user, and ends.
 DELEGATED = {("GET", f"{P}/mission/events"), ("POST", f"{P}/session"), ("DELETE", f"{P}/session")}
+# The OpenAI-compatible front door: tests/test_openai_batches.py proves, through the SDK, that
+# another org's file, its content and its batch answer 404 (retrieve, cancel, delete, a batch
+# from it) and that its lists are empty; a chat request makes the caller's own job, and the
+# models hold nothing of an org.
+DELEGATED |= {(method.upper(), path) for method, path in OPENAI_ROUTES}
 
 
 def _state(pool: ConnectionPool[DictConnection]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
@@ -170,6 +171,43 @@ def metrics_port(env: Mapping[str, str] | None = None) -> int:
     return _port(os.environ if env is None else env, "SA_METRICS_PORT")
 
 
+def _bounded(value: float, name: str, high: float) -> float:
+    if value > high:
+        raise SettingsError(f"{name} must be at most {high:g}, got {value:g}")
+    return value
+
+
+def _openai_settings(env: Mapping[str, str]) -> dict[str, Any]:
+    """The OpenAI-compatible front door's and the Batch API's settings (docs/openai.md)."""
+    file_max_bytes = _int(env, "SA_FILE_MAX_BYTES", 200 * 1024 * 1024)
+    org_max_file_bytes = _int(env, "SA_ORG_MAX_FILE_BYTES", 10 * 1024**3)
+    if org_max_file_bytes < file_max_bytes:
+        raise SettingsError("SA_ORG_MAX_FILE_BYTES must be at least SA_FILE_MAX_BYTES")
+    batch_priority = _int(env, "SA_BATCH_PRIORITY", 80, minimum=60)
+    return {
+        # NOTE: the chat route holds a request as POST /prompt's `Prefer: wait` does, 60 s at most.
+        "openai_max_wait": _bounded(_float(env, "SA_OPENAI_MAX_WAIT", 60.0), "SA_OPENAI_MAX_WAIT",
+                                    60.0),
+        "openai_stream_max": _float(env, "SA_OPENAI_STREAM_MAX", 600.0),
+        "openai_max_waiting": _int(env, "SA_OPENAI_MAX_WAITING", 500),
+        "openai_max_waiting_per_token": _int(env, "SA_OPENAI_MAX_WAITING_PER_TOKEN", 50),
+        "file_max_bytes": file_max_bytes,
+        "file_max_requests": _int(env, "SA_FILE_MAX_REQUESTS", 50_000),
+        "file_upload_timeout": _float(env, "SA_FILE_UPLOAD_TIMEOUT", 600.0),
+        "file_max_uploads": _int(env, "SA_FILE_MAX_UPLOADS", 8),
+        "file_ttl": _float(env, "SA_FILE_TTL", 30 * 86400.0),
+        "org_max_file_bytes": org_max_file_bytes,
+        "org_max_active_batches": _int(env, "SA_ORG_MAX_ACTIVE_BATCHES", 20),
+        # NOTE: OpenAI takes only "24h" on the wire; this is how long "24h" lasts here, so a
+        # test (or an operator) can shorten a batch's window.
+        "batch_window": _float(env, "SA_BATCH_WINDOW", 86400.0),
+        "batch_priority": int(_bounded(batch_priority, "SA_BATCH_PRIORITY", 90)),
+        "batch_max_queued": _int(env, "SA_BATCH_MAX_QUEUED", 1000),
+        "batch_interval": _float(env, "SA_BATCH_INTERVAL", 1.0),
+        "batch_retention": _seconds_or_off(env, "SA_BATCH_RETENTION", 30 * 86400.0),
+    }
+
+
 @dataclass(frozen=True)
 class Settings:
     """Every knob of the interface contract (docs/architecture.md), in seconds where it is a duration."""
@@ -223,6 +261,22 @@ class Settings:
     leader_keepalive_idle: int = 20
     leader_keepalive_interval: int = 10
     leader_keepalive_count: int = 3
+    openai_max_wait: float = 60.0
+    openai_stream_max: float = 600.0
+    openai_max_waiting: int = 500
+    openai_max_waiting_per_token: int = 50
+    file_max_bytes: int = 200 * 1024 * 1024
+    file_max_requests: int = 50_000
+    file_upload_timeout: float = 600.0
+    file_max_uploads: int = 8
+    file_ttl: float = 30 * 86400.0
+    org_max_file_bytes: int = 10 * 1024**3
+    org_max_active_batches: int = 20
+    batch_window: float = 86400.0
+    batch_priority: int = 80
+    batch_max_queued: int = 1000
+    batch_interval: float = 1.0
+    batch_retention: float = 30 * 86400.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -305,6 +359,7 @@ class Settings:
             leader_keepalive_idle=_int(env, "SA_LEADER_KEEPALIVE_IDLE", 20),
             leader_keepalive_interval=_int(env, "SA_LEADER_KEEPALIVE_INTERVAL", 10),
             leader_keepalive_count=_int(env, "SA_LEADER_KEEPALIVE_COUNT", 3),
+            **_openai_settings(env),
         )
 
     @property

@@ -40,7 +40,8 @@ DEFAULT_DEPTH = 10
 MAX_DEPTH = 50
 """Most ancestors a job may ask for; POST /prompt refuses more (service/validation.py)."""
 
-SENT_OPTIONS = ("temperature", "top_p", "max_tokens", "stop", "response_format", "seed")
+SENT_OPTIONS = ("temperature", "top_p", "max_tokens", "stop", "response_format", "seed",
+                "presence_penalty", "frequency_penalty")
 """Options passed to the provider's request body as they were validated at submit."""
 
 
@@ -98,7 +99,17 @@ def options_error(options: object) -> str | None:
     for name in ("model", "system"):
         if name in options and not isinstance(options[name], str):
             return f"execution_options.{name} must be a string, got {options[name]!r:.80}"
+    if "messages" in options and not _messages_ok(options["messages"]):
+        return "execution_options.messages must be a non-empty list of {role, content} strings"
     return None
+
+
+def _messages_ok(messages: object) -> bool:
+    """Whether `messages` (an OpenAI chat request's, sent as given) is what the provider takes."""
+    return isinstance(messages, list) and bool(messages) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str) and all(isinstance(v, str) for v in m.values())
+        for m in messages)
 
 
 def claim(

@@ -39,6 +39,7 @@ from jobqueue.operator.client_commands import add_client_commands, priority_arg
 from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
 from jobqueue.runtime.assembly import assemble_worker, worker_config
+from jobqueue.runtime.batch_keeper import BatchKeeper
 from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker
 from jobqueue.schema.migrate import MigrationError, migrate
@@ -119,6 +120,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     # NOTE: only long-running workers compete for the maintenance role; a --once run is too
     # short-lived to hold it (cron runs `reclaim-stuck-jobs` instead).
     leader = None if args.once else MaintenanceLeader.from_settings(settings).start()
+    # NOTE: every long-running worker moves batches along; their leases keep them apart.
+    keeper = None if args.once else BatchKeeper.from_settings(settings).start()
     # NOTE: wake-up on LISTEN/NOTIFY (the poll stays as the fallback); SA_LISTEN=0 (PgBouncer in
     # transaction mode) leaves only the poll. A --once run claims once and needs no wake-up.
     if settings.listen and not args.once:
@@ -134,6 +137,8 @@ def _run_worker(args: argparse.Namespace) -> int:
     finally:
         if leader is not None:
             leader.stop()
+        if keeper is not None:
+            keeper.stop()
         parts.close()
     return 0
 

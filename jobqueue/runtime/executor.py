@@ -88,8 +88,11 @@ class Executor:
 
     @staticmethod
     def build_messages(job: ClaimedJob) -> list[dict[str, str]]:
-        """Returns the chat messages: the `system` option, ancestors (up to `depth`) oldest first,
+        """Returns the chat messages: the `messages` option as given (an OpenAI chat request's,
+        jobqueue/core/chat.py), else the `system` option, ancestors (up to `depth`) oldest first,
         then the prompt."""
+        if "messages" in job.options:
+            return [dict(message) for message in job.options["messages"]]
         system = [{"role": "system", "content": job.options["system"]}] if "system" in job.options else []
         return system + [
             {"role": "user" if entry["kind"] == "prompt" else "assistant", "content": entry["content"]}

@@ -14,7 +14,10 @@ from datetime import UTC, datetime, timedelta
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import DictConnection, borrow
+from jobqueue.core.queries.batch import BATCH_DELETE_FINISHED_MANY
+from jobqueue.core.queries.file import FILE_DELETE_EXPIRED_MANY
+from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.engine.idempotency import prune_expired_keys
 from jobqueue.runtime.archive import ArchiveCursor, Archiver
@@ -31,6 +34,8 @@ class RetentionCounts:
     archived_jobs: int = 0
     pruned_keys: int = 0
     more: bool = False
+    removed_files: int = 0
+    removed_batches: int = 0
 
 
 class Retention:
@@ -53,6 +58,9 @@ class Retention:
             archive_max_batches: archive batches per round at most; the rest waits for the next
                 round, which then comes at the next reclaim round rather than a whole interval on.
             statement_timeout: bound on each statement, applied with SET LOCAL.
+            batch_retention: finished batches (and their request rows) older than this are
+                deleted (`SA_BATCH_RETENTION`, 30 days; 0 keeps them). Files go when they expire
+                (`expires_at`), and uploads abandoned for a day with them.
         """
 
         archive_after: float = 30 * 86400.0
@@ -60,9 +68,10 @@ class Retention:
         archive_batch_size: int = 500
         archive_max_batches: int = 20
         statement_timeout: float = 30.0
+        batch_retention: float = 30 * 86400.0
 
         def __post_init__(self) -> None:
-            for name in ("archive_after", "idempotency_key_retention"):
+            for name in ("archive_after", "idempotency_key_retention", "batch_retention"):
                 value = getattr(self, name)
                 if not (math.isfinite(value) and value >= 0):
                     raise ValueError(f"{name} must be 0 (off) or a positive number of seconds, "
@@ -79,14 +88,16 @@ class Retention:
 
         @property
         def enabled(self) -> bool:
-            """False when both parts are off."""
-            return self.archive_after > 0 or self.idempotency_key_retention > 0
+            """False when every part is off."""
+            return (self.archive_after > 0 or self.idempotency_key_retention > 0
+                    or self.batch_retention > 0)
 
         @classmethod
         def from_settings(cls, settings: Settings) -> Retention.Config:
             """Returns the config that `SA_ARCHIVE_AFTER` and `SA_IDEMPOTENCY_KEY_RETENTION` describe."""
             return cls(archive_after=settings.archive_after,
-                       idempotency_key_retention=settings.idempotency_key_retention)
+                       idempotency_key_retention=settings.idempotency_key_retention,
+                       batch_retention=settings.batch_retention)
 
     def __init__(self, config: Retention.Config) -> None:
         self.config = config
@@ -122,6 +133,35 @@ class Retention:
         if cfg.idempotency_key_retention > 0:
             pruned = prune_expired_keys(db, cfg.idempotency_key_retention,
                                         statement_timeout=cfg.statement_timeout)
-        if archived or pruned:
-            log.info("retention.finished", archived_jobs=archived, pruned_keys=pruned, more=more)
-        return RetentionCounts(archived_jobs=archived, pruned_keys=pruned, more=more)
+        files = _delete_pages(db, FILE_DELETE_EXPIRED_MANY, {"abandoned": _ABANDONED_UPLOAD},
+                              cfg.statement_timeout)
+        batches = 0
+        if cfg.batch_retention > 0:
+            batches = _delete_pages(db, BATCH_DELETE_FINISHED_MANY, {"age": cfg.batch_retention},
+                                    cfg.statement_timeout)
+        if archived or pruned or files or batches:
+            log.info("retention.finished", archived_jobs=archived, pruned_keys=pruned, more=more,
+                     removed_files=files, removed_batches=batches)
+        return RetentionCounts(archived_jobs=archived, pruned_keys=pruned, more=more,
+                               removed_files=files, removed_batches=batches)
+
+
+_ABANDONED_UPLOAD = 86400.0
+"""Seconds after which an upload never completed (its web process died) is removed."""
+
+_DELETE_PAGE = 100
+
+
+def _delete_pages(db: ConnectionPool[DictConnection] | DictConnection, statement: str,
+                  params: dict[str, float], statement_timeout: float) -> int:
+    """Runs a paged delete (`limit` rows a statement) until a short page; returns the rows."""
+    timeout = {"timeout_ms": str(max(1, round(statement_timeout * 1000)))}
+    deleted = 0
+    with borrow(db) as conn:
+        while True:
+            with conn.transaction():
+                conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
+                cur = conn.execute(statement, {**params, "limit": _DELETE_PAGE})
+            deleted += cur.rowcount
+            if cur.rowcount < _DELETE_PAGE:
+                return deleted

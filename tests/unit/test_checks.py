@@ -69,7 +69,7 @@ def test_retention_and_timeouts_default_to_documented_values_and_0_turns_them_of
     assert (settings.statement_timeout, settings.lock_timeout) == (30.0, 10.0)
     off = Settings.from_env({"DATABASE_URL": "postgresql:///x", "SA_ARCHIVE_AFTER": "0",
                              "SA_IDEMPOTENCY_KEY_RETENTION": "0", "SA_STATEMENT_TIMEOUT": "0",
-                             "SA_LOCK_TIMEOUT": "0"})
+                             "SA_LOCK_TIMEOUT": "0", "SA_BATCH_RETENTION": "0"})
     assert not Retention.Config.from_settings(off).enabled
     assert off.worker_database_url == "postgresql:///x"
 

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible front door under /openai/v1: chat completions, models, files, batches."""
