@@ -21,7 +21,7 @@ from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Authenticator
 from service.auth import API_PREFIX, AuthMiddleware
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.middleware import RequestContextMiddleware
 from service.middleware_security import (
     QueryParamsMiddleware,

@@ -19,7 +19,7 @@ from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.core.states import JobState
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from service.auth import API_PREFIX
-from service.resources.events import DELTA_EVENT_NAME, EVENT_NAME
+from service.events.stream import DELTA_EVENT_NAME, EVENT_NAME
 from service.validation import (
     CURSOR,
     CURSOR_PATTERN,

@@ -30,7 +30,7 @@ from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import Worker, WorkerConfig
 from service.app import create_app
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 
 TABLES = ("sa_job_event, sa_ledger, sa_audit, sa_edge, sa_job, sa_entity, sa_api_token, "
           "sa_job_archive, sa_job_event_archive, sa_ledger_archive, sa_route_pause, sa_route_window")

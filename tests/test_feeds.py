@@ -25,7 +25,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Authenticator, Caller, issue_token, revoke_token
 from service.app import create_app
 from service.auth import AuthMiddleware
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.resources.events import MissionEvents
 from tests.conftest import fetch_all, wait_for
 from tests.helpers import plan_nodes, submit

@@ -27,7 +27,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
 from service.auth import API_PREFIX, PAGE_ROUTES
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.openapi import OPENAPI_PATH, build_openapi
 from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, PREFER, UUID_PATTERN
 

@@ -6,7 +6,7 @@ import falcon
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.lookup import recent_changes
 from service.validation import (
     encode_cursor,

@@ -11,7 +11,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.engine.enqueue import Enqueued, Submission, enqueue, enqueue_many
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.lookup import get_job_with_response, get_prompt
 from service.validation import (
     PREFER,
@@ -74,14 +74,11 @@ class PromptCollection:
         NOTE: woken by the event hub, which already reads every transition once per process;
         the request holds no pool connection while it waits, only for the two short reads.
         """
-        finished = self._hub.watch_job(done.job_id)
-        try:
+        with self._hub.watching(done.job_id) as finished:
             # NOTE: read once after watching: the job may have ended before the watch began.
             job = get_job_with_response(self._pool, req.context.caller, done.job_id)
             if job["state"] not in TERMINAL and finished.wait(seconds):
                 job = get_job_with_response(self._pool, req.context.caller, done.job_id)
-        finally:
-            self._hub.unwatch_job(done.job_id, finished)
         return job if job["state"] in TERMINAL else None
 
 

@@ -49,7 +49,7 @@ JOB_EVENT_LIST_AFTER = (
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql: the
 # Last-Event-ID replay of one client. `upto` is the hub's delivered cursor when the client
-# registered, below which every id is final (see service/event_horizon.py).
+# registered, below which every id is final (see service/events/horizon.py).
 JOB_EVENT_LIST_FOR_USER_BETWEEN = (
     "SELECT" + _EVENT_COLUMNS + """
   FROM sa_job_event
@@ -72,7 +72,7 @@ JOB_EVENT_LIST_FOR_ORG_BETWEEN = (
 
 # The last id handed out by the event sequence (0 before the first), read outside MVCC: a
 # sequence advances for every transaction at once, committed or not.
-# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_HOLDING (see service/event_horizon.py).
+# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_HOLDING (see service/events/horizon.py).
 JOB_EVENT_SEQUENCE_LAST = """
 SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('sa_job_event', 'id')::regclass), 0)
        AS last_id

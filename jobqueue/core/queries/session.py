@@ -22,7 +22,7 @@ RETURNING expires_at
 
 # served by sa_session_pkey (session_hash), then sa_api_token_pkey (id). The token must still
 # act: revoking it ends its sessions at the next request. Returns the token's digest, by which
-# the SSE hub re-checks and caps streams (service/event_hub.py).
+# the SSE hub re-checks and caps streams (service/events/).
 SESSION_GET_ACTIVE = """
 SELECT t.org_id, t.user_id, t.scopes, t.token_hash,
        extract(epoch FROM s.expires_at - now())::float8 AS expires_in
