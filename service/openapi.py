@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document of the HTTP API, served at /sa-core/v1/openapi.json.
 
 The request side (bodies, query parameters, headers) is generated from the declarations in
-`service.validation`, the ones the routes enforce; the state and error-kind enums come from
+`service.contract`, the ones the routes enforce; the state and error-kind enums come from
 `jobqueue.core.states.JobState` and `jobqueue.core.policy.ErrorKind`. Only the answers are
 written here. `tests/test_openapi.py` fails when a route of the app is missing here or a
 documented one is not served, and runs Schemathesis (every phase, every check) against it.
@@ -19,8 +19,7 @@ from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.core.states import JobState
 from jobqueue.engine.enqueue import QUEUE_FULL_RETRY_AFTER
 from service.auth import API_PREFIX
-from service.events.stream import DELTA_EVENT_NAME, EVENT_NAME
-from service.validation import (
+from service.contract import (
     CURSOR,
     CURSOR_PATTERN,
     EVENT_ID_PATTERN,
@@ -34,10 +33,11 @@ from service.validation import (
     RECENT_LIMIT,
     SCOPE,
     SINCE,
-    Param,
     prompt_batch_body,
     prompt_body,
 )
+from service.events.stream import DELTA_EVENT_NAME, EVENT_NAME
+from service.schema import Param
 
 __all__ = ["DELTA_SCHEMA", "EVENT_SCHEMA", "OPENAPI_PATH", "OpenApiDocument", "build_openapi"]
 

@@ -27,9 +27,10 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
 from service.auth import API_PREFIX, PAGE_ROUTES
+from service.contract import IDEMPOTENCY_KEY, PREFER
 from service.events.hub import EventHub
 from service.openapi import OPENAPI_PATH, build_openapi
-from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, PREFER, UUID_PATTERN
+from service.schema import INSTANT_PATTERN, UUID_PATTERN
 
 # NOTE: the document depends on settings only through limits; the test app uses the defaults.
 DOCUMENT = build_openapi(Settings(database_url="", direct_database_url="", provider_url="",

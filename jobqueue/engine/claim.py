@@ -35,7 +35,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_DEPTH = 10
 
 MAX_DEPTH = 50
-"""Most ancestors a job may ask for; POST /prompt refuses more (service/validation.py)."""
+"""Most ancestors a job may ask for; POST /prompt refuses more (service/contract.py)."""
 
 SENT_OPTIONS = ("temperature", "top_p", "max_tokens", "stop", "response_format", "seed")
 """Options passed to the provider's request body as they were validated at submit."""

@@ -13,7 +13,7 @@ from jobqueue.core.tokens import Caller
 from service.events.fanout import StreamLimitExceeded
 from service.events.hub import EventHub
 from service.events.stream import EventStream, FrameCache
-from service.validation import parse_last_event_id, parse_org_wide
+from service.parsers import parse_last_event_id, parse_org_wide
 
 __all__ = ["MissionEvents"]
 

@@ -8,7 +8,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from service.events.hub import EventHub
 from service.lookup import recent_changes
-from service.validation import (
+from service.parsers import (
     encode_cursor,
     parse_cursor,
     parse_limit,

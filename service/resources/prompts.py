@@ -11,16 +11,10 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.engine.enqueue import Enqueued, Submission, enqueue, enqueue_many
+from service.contract import PREFER, check_routable, parse_batch, parse_prompt
 from service.events.hub import EventHub
 from service.lookup import get_job_with_response, get_prompt
-from service.validation import (
-    PREFER,
-    check_routable,
-    parse_batch,
-    parse_idempotency_key,
-    parse_prefer_wait,
-    parse_prompt,
-)
+from service.parsers import parse_idempotency_key, parse_prefer_wait
 
 __all__ = ["IDEMPOTENCY_KEY_HEADER", "REPLAYED_HEADER", "PromptBatch", "PromptCollection",
            "PromptItem"]

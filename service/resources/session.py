@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller, close_session, open_session
 from service.auth import API_PREFIX, SESSION_COOKIE, invalid_token
-from service.validation import parse_no_body
+from service.contract import parse_no_body
 
 __all__ = ["SESSION_TTL_SECONDS", "Session"]
 
