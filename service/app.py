@@ -29,7 +29,7 @@ from service.middleware_security import (
     SecurityHeadersMiddleware,
     cors_middleware,
 )
-from service.openapi import OPENAPI_PATH, OpenApiDocument, build_openapi
+from service.openapi.document import OPENAPI_PATH, OpenApiDocument, build_openapi
 from service.resources.control import JobCancel, PromptRetry
 from service.resources.docs import DOCS_PATH, STYLESHEET_PATH, ApiDocs, ApiDocsStylesheet
 from service.resources.events import MissionEvents
