@@ -40,8 +40,10 @@ from service.resources.mission import MissionRecent
 from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
 from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
+from service.resources.responses import ResponseItem
 from service.resources.session import Session
 from service.serialize import json_handler, serialize_error
+from service.waits import Waits
 
 __all__ = ["create_app"]
 
@@ -147,7 +149,9 @@ def create_app(
     document = build_openapi(settings)
     middleware: list[Any] = [RequestContextMiddleware(), SecurityHeadersMiddleware(),
                              *([cors] if cors else []), AuthMiddleware(authenticator),
-                             RequestLimitsMiddleware(settings.max_body_bytes, settings.body_timeout),
+                             RequestLimitsMiddleware(settings.max_body_bytes, settings.body_timeout, {
+                                 f"{API_PREFIX}/prompts/batch": (settings.batch_max_bytes,
+                                                                 "SA_BATCH_MAX_BYTES")}),
                              QueryParamsMiddleware(document, API_PREFIX + "/")]
     app = falcon.App(middleware=middleware)
     handler = json_handler()
@@ -159,6 +163,8 @@ def create_app(
     app.add_route("/healthz", Health())
     app.add_route("/readyz", Ready(pool))
     hub = hub or EventHub.from_settings(pool, settings)
+    # NOTE: one per app, so one per web process: the wait caps are per process.
+    waits = Waits(settings.wait_max_per_token, settings.wait_max)
     figures = ProcessFigures().add_pool(pool).add(partial(_report_streams, hub))
     if owns_pool:
         # NOTE: keeps the files of the processes a scrape does not reach current (exposition.py).
@@ -167,17 +173,19 @@ def create_app(
     app.add_route(OPENAPI_PATH, OpenApiDocument(document))
     app.add_route(DOCS_PATH, ApiDocs(document))
     app.add_route(STYLESHEET_PATH, ApiDocsStylesheet())
-    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings, hub))
+    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings, hub, waits))
     app.add_route(f"{API_PREFIX}/prompts/batch", PromptBatch(pool, settings))
-    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
+    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool, settings))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
+    app.add_route(f"{API_PREFIX}/responses/{{response_id:uuid}}", ResponseItem(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry", PromptRetry(pool))
-    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub))
+    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub, settings))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
-                                replay_limit=settings.sse_replay_limit))
-    app.add_route(f"{API_PREFIX}/session", Session(pool))
+                                replay_limit=settings.sse_replay_limit,
+                                page_bytes=settings.page_max_bytes))
+    app.add_route(f"{API_PREFIX}/session", Session(pool, settings.sessions_per_token))
     app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))

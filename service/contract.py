@@ -33,7 +33,6 @@ from service.schema import (
     Spec,
     Text,
     Uuid,
-    invalid,
 )
 
 __all__ = [
@@ -43,6 +42,11 @@ __all__ = [
     "CURSOR_PATTERN",
     "EVENT_ID_PATTERN",
     "IDEMPOTENCY_KEY",
+    "JOBS_CURSOR",
+    "JOBS_CURSOR_PATTERN",
+    "JOBS_LIMIT",
+    "JOBS_LIMIT_DEFAULT",
+    "JOBS_LIMIT_MAX",
     "KEY_PATTERN",
     "LAST_EVENT_ID",
     "LAST_EVENT_ID_HEADER",
@@ -78,6 +82,8 @@ MAX_ATTEMPTS_LIMIT = 10
 MAX_MODEL_CHARS = 200
 RECENT_LIMIT_DEFAULT = 100
 RECENT_LIMIT_MAX = 500
+JOBS_LIMIT_DEFAULT = 20
+JOBS_LIMIT_MAX = 100
 
 MAX_WAIT_SECONDS = 60
 """The longest `Prefer: wait=N` a POST /prompt may hold its request open for."""
@@ -93,6 +99,10 @@ EVENT_ID_PATTERN = "^[0-9]{1,19}$"
 
 CURSOR_PATTERN = "^[A-Za-z0-9_-]{11}$"
 """A /mission/recent cursor: opaque to clients (it is an event id, base64url of 8 bytes)."""
+
+JOBS_CURSOR_PATTERN = "^[A-Za-z0-9_-]{32}$"
+"""A cursor into a prompt's jobs: opaque to clients (the last job's creation time in
+microseconds and its id, base64url of 24 bytes)."""
 
 SCOPES = ("user", "org")
 """`scope` of the mission feeds: the viewer's own prompts (default) or the viewer's whole org."""
@@ -117,8 +127,9 @@ _OPTION_FIELDS: dict[str, Spec] = {
     "temperature": Number(0, 2, "Sampling temperature, sent as is."),
     "top_p": Number(0, 1, "Nucleus sampling mass, sent as is."),
     "max_tokens": Integer(1, MAX_OUTPUT_TOKENS, description="Most tokens the reply may hold."),
-    "stop": OneOrMore(Text(MAX_STOP_CHARS), MAX_STOPS,
-                      "Where the provider stops: one string or up to four (stored as a list)."),
+    "stop": OneOrMore(Text(MAX_STOP_CHARS, blank=True), MAX_STOPS,
+                      "Where the provider stops: one string or up to four (stored as a list); "
+                      "blanks alone (\"\\n\\n\") are a stop sequence too, as in OpenAI's API."),
     "response_format": Fields(
         {"type": Choice(("text", "json_object"), "`json_object` asks for JSON mode.")},
         required=("type",), description="OpenAI's response_format: text or JSON mode."),
@@ -229,19 +240,31 @@ def parse_batch(body: object, max_chars: int) -> list[PromptRequest]:
     return [_prompt_request(item, BATCH_DEFAULT_PRIORITY) for item in checked["prompts"]]
 
 
-def check_routable(options: dict[str, Any], routes: Routes) -> None:
+def check_routable(requests: list[PromptRequest], routes: Routes, batch: bool = False) -> None:
     """Refuses a model no route serves, so it is a 422 now rather than a failed job later.
 
     NOTE: a web process configured with no provider at all (only workers call one) judges
     nothing; the worker fails such a job as `invalid_options`.
 
+    Args:
+        requests: the prompt, or a batch's prompts.
+        routes: the model routes.
+        batch: name each bad item by its index (`prompts[3].options.model`), all in one 422.
+
     Raises:
         falcon.HTTPUnprocessableEntity: `options.model` (or the default model) has no route.
     """
-    if routes and routes.for_model(options.get("model")) is None:
-        model = options.get("model") or routes.default_model
-        raise invalid("options.model", f"no route serves model {model!r} (known: "
-                                        f"{', '.join(routes.known_models)})")
+    if not routes:
+        return
+    errors = []
+    for index, request in enumerate(requests):
+        if routes.for_model(request.options.get("model")) is None:
+            model = request.options.get("model") or routes.default_model
+            name = f"prompts[{index}].options.model" if batch else "options.model"
+            errors.append(f"{name}: no route serves model {model!r} (known: "
+                          f"{', '.join(routes.known_models)})")
+    if errors:
+        raise falcon.HTTPUnprocessableEntity(title="Invalid field", description="; ".join(errors))
 
 
 NO_BODY = Fields({}, description="No body is needed; an empty JSON object is accepted, anything "
@@ -273,6 +296,13 @@ RECENT_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1,
                                         "maximum": RECENT_LIMIT_MAX,
                                         "default": RECENT_LIMIT_DEFAULT},
                      "Most transitions read, hence most items answered.", 50)
+JOBS_CURSOR = Param("cursor", "query", {"type": "string", "pattern": JOBS_CURSOR_PATTERN},
+                    "The previous answer's `next_cursor` (opaque): the next, older jobs.",
+                    "AAZhfSYz0ABeb3qLnA1OH6KzxNXm96i5")
+JOBS_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum": JOBS_LIMIT_MAX,
+                                      "default": JOBS_LIMIT_DEFAULT},
+                   "Most jobs answered (newest first); fewer when their options pass "
+                   "SA_PAGE_MAX_BYTES.", 20)
 SCOPE = Param("scope", "query", {"type": "string", "enum": list(SCOPES), "default": SCOPES[0]},
               "`user`: the caller's own prompts (the default); `org`: every prompt of the "
               "caller's org (an explicit opt-in).", "user")

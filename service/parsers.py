@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import re
-from datetime import UTC, datetime
+import uuid
+from datetime import UTC, datetime, timedelta
 
 import falcon
 
@@ -14,6 +15,8 @@ from service.contract import (
     CURSOR_PATTERN,
     EVENT_ID_PATTERN,
     IDEMPOTENCY_KEY,
+    JOBS_CURSOR,
+    JOBS_CURSOR_PATTERN,
     KEY_PATTERN,
     LAST_EVENT_ID,
     LAST_EVENT_ID_HEADER,
@@ -22,18 +25,19 @@ from service.contract import (
     MAX_WAIT_SECONDS,
     PREFER,
     PREFER_PATTERN,
-    RECENT_LIMIT,
     SCOPE,
     SCOPES,
     SINCE,
 )
-from service.schema import SINCE_PATTERN
+from service.schema import SINCE_PATTERN, Param
 
 __all__ = [
     "encode_cursor",
+    "encode_jobs_cursor",
     "parse_cursor",
     "parse_event_id",
     "parse_idempotency_key",
+    "parse_jobs_cursor",
     "parse_last_event_id",
     "parse_limit",
     "parse_org_wide",
@@ -43,6 +47,10 @@ __all__ = [
 
 _EVENT_ID_RE = re.compile(EVENT_ID_PATTERN)
 _CURSOR_RE = re.compile(CURSOR_PATTERN)
+_JOBS_CURSOR_RE = re.compile(JOBS_CURSOR_PATTERN)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROS_MIN = (datetime.min.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
+_MICROS_MAX = (datetime.max.replace(tzinfo=UTC) - _EPOCH) // timedelta(microseconds=1)
 _SINCE_RE = re.compile(SINCE_PATTERN)
 _KEY_RE = re.compile(KEY_PATTERN)
 _PREFER_RE = re.compile(PREFER_PATTERN)
@@ -74,18 +82,18 @@ def parse_since(raw: str | None) -> datetime | None:
     if not _SINCE_RE.fullmatch(raw):
         raise falcon.HTTPInvalidParam("must be an ISO 8601 timestamp", SINCE.name)
     since = datetime.fromisoformat(raw)
-    return since if since.tzinfo is not None else since.replace(tzinfo=UTC)
+    return since.astimezone(UTC) if since.tzinfo is not None else since.replace(tzinfo=UTC)
 
 
-def parse_limit(req: falcon.Request) -> int:
-    """Parses `limit` of /mission/recent (absent means the default).
+def parse_limit(req: falcon.Request, param: Param) -> int:
+    """Parses the `limit` query parameter `param` declares (absent means its default).
 
     Raises:
         falcon.HTTPInvalidParam: not an integer within the documented bounds.
     """
-    limit = req.get_param_as_int(RECENT_LIMIT.name, min_value=RECENT_LIMIT.schema["minimum"],
-                                 max_value=RECENT_LIMIT.schema["maximum"],
-                                 default=RECENT_LIMIT.schema["default"])
+    limit = req.get_param_as_int(param.name, min_value=param.schema["minimum"],
+                                 max_value=param.schema["maximum"],
+                                 default=param.schema["default"])
     assert limit is not None
     return limit
 
@@ -171,3 +179,28 @@ def parse_idempotency_key(raw: str | None) -> str | None:
             f"must be 1 to {MAX_KEY_LENGTH} visible ASCII characters (a UUID is a good key)",
             IDEMPOTENCY_KEY.name)
     return raw
+
+
+def encode_jobs_cursor(created_at: datetime, job_id: uuid.UUID) -> str:
+    """Returns the opaque cursor that continues a prompt's jobs after this one (older ones)."""
+    micros = (created_at - _EPOCH) // timedelta(microseconds=1)
+    raw = micros.to_bytes(8, "big", signed=True) + job_id.bytes
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def parse_jobs_cursor(raw: str | None) -> tuple[datetime, uuid.UUID] | None:
+    """Parses a `cursor` from a previous GET /prompts/{id} answer (absent means the newest jobs).
+
+    Raises:
+        falcon.HTTPInvalidParam: not a cursor this service hands out.
+    """
+    if raw is None:
+        return None
+    if not _JOBS_CURSOR_RE.fullmatch(raw):
+        raise falcon.HTTPInvalidParam("must be the `next_cursor` of a previous answer",
+                                      JOBS_CURSOR.name)
+    data = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+    # NOTE: every string of the documented shape decodes: a time past the calendar's ends only
+    # means "before (or after) every job".
+    micros = min(max(int.from_bytes(data[:8], "big", signed=True), _MICROS_MIN), _MICROS_MAX)
+    return _EPOCH + timedelta(microseconds=micros), uuid.UUID(bytes=data[8:24])

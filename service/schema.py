@@ -18,6 +18,7 @@ import falcon
 __all__ = [
     "BLANK_CHARACTERS",
     "INSTANT_PATTERN",
+    "NON_EMPTY_TEXT_PATTERN",
     "SINCE_PATTERN",
     "TEXT_PATTERN",
     "UUID_PATTERN",
@@ -49,6 +50,9 @@ that Python's `re` and the ECMA-262 regexes of JSON Schema read alike (their `\\
 TEXT_PATTERN = f"^[{BLANK_CHARACTERS}]*[^\\u0000{BLANK_CHARACTERS}][^\\u0000]*$"
 """A text field: not blank, no NUL character. Linear to match, even on a long blank string."""
 
+NON_EMPTY_TEXT_PATTERN = "^[^\\u0000]+$"
+"""A text field that may be blank (`Text(blank=True)`): not empty, no NUL character."""
+
 _YEAR = "(000[1-9]|00[1-9][0-9]|0[1-9][0-9]{2}|[1-9][0-9]{3})"
 # NOTE: a century is a leap year when divisible by 400; year 0000 does not exist (Python refuses it).
 _LEAP_YEAR = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
@@ -56,9 +60,11 @@ _MONTH_DAY = ("((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[1
               "|02-(0[1-9]|1[0-9]|2[0-8]))")
 SINCE_PATTERN = (
     f"^({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
-    r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?(Z|[+-][01][0-9]:[0-5][0-9])?)?$"
+    r"([T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?"
+    r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?)?$"
 )
-"""What `since` may look like: a real ISO 8601 date or date-time, offset optional (none means UTC).
+"""What `since` may look like: a real ISO 8601 date or date-time, offset optional (none means UTC;
+any offset up to +-23:59, as Python reads it).
 
 NOTE: the calendar (month lengths, leap years, no year 0) is in the pattern itself, so every
 string the document allows names an instant and is answered 200, never 400.
@@ -66,7 +72,8 @@ string the document allows names an instant and is answered 200, never 400.
 
 INSTANT_PATTERN = (
     f"^({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)"
-    r"[T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?(Z|[+-][01][0-9]:[0-5][0-9])?$"
+    r"[T ]([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9]([.][0-9]{1,6})?)?"
+    r"(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])?$"
 )
 """An instant in a body (`run_at`): an ISO 8601 date-time, as SINCE_PATTERN but with the time
 required (a bare date is ambiguous for a schedule); no offset means UTC."""
@@ -117,16 +124,19 @@ class Integer:
 @dataclass(frozen=True)
 class Text:
     """A non-blank string of at most `max_chars` characters, with no NUL (Postgres text cannot
-    hold one) and no lone surrogate (JSON may spell one, UTF-8 cannot)."""
+    hold one) and no lone surrogate (JSON may spell one, UTF-8 cannot). With `blank`, blanks
+    alone are a value too (a stop sequence "\\n\\n"); only the empty string is refused."""
 
     max_chars: int
     description: str = ""
+    blank: bool = False
 
     def schema(self) -> Schema:
         """Returns the JSON Schema of the field (lone surrogates are in the description only:
         JSON Schema cannot name them)."""
         return _described({"type": "string", "minLength": 1, "maxLength": self.max_chars,
-                           "pattern": TEXT_PATTERN}, self.description)
+                           "pattern": NON_EMPTY_TEXT_PATTERN if self.blank else TEXT_PATTERN},
+                          self.description)
 
     def check(self, value: object, name: str) -> str:
         """Returns the value; raises a 422 naming `name` and the rule it breaks otherwise."""
@@ -134,7 +144,7 @@ class Text:
             raise invalid(name, "must be a string")
         # NOTE: these three checks are TEXT_PATTERN's, one at a time so the answer names the one
         # broken; str.strip() drops exactly BLANK_CHARACTERS (a unit test compares them).
-        if not value.strip():
+        if not (value if self.blank else value.strip()):
             raise invalid(name, "must not be empty")
         if len(value) > self.max_chars:
             raise invalid(name, f"must be at most {self.max_chars} characters")
@@ -188,7 +198,10 @@ class Instant:
         if not isinstance(value, str) or not _INSTANT_RE.fullmatch(value):
             raise invalid(name, "must be an ISO 8601 date-time (e.g. 2026-12-01T02:00:00Z)")
         instant = datetime.fromisoformat(value.replace("Z", "+00:00"))
-        instant = instant if instant.tzinfo is not None else instant.replace(tzinfo=UTC)
+        # NOTE: in UTC from here on: Postgres reads offsets up to 15:59 only, and refuses a
+        # wider one in an array (a batch's run_at) with a 500.
+        instant = (instant.astimezone(UTC) if instant.tzinfo is not None
+                   else instant.replace(tzinfo=UTC))
         now = datetime.now(UTC)
         if instant < now:
             raise invalid(name, "is in the past")

@@ -16,10 +16,14 @@ class DeltaReader:
     """Turns the growth of sa_job_partial rows into deltas, each sent once per process.
 
     NOTE: best effort and live only, like the wake-ups: a delta is what a row holds past what
-    was sent, so a rewrite read late or twice repeats nothing and loses nothing.
+    was sent, so a rewrite read late or twice repeats nothing and loses nothing. A delta carries
+    at most `text_chars` characters: past that (a hub that looked late, or first saw a long
+    attempt) it sends the latest ones, and its `offset` tells a client that it missed some
+    (GET /jobs/{id} has the attempt's whole `partial_text`).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, text_chars: int) -> None:
+        self._text_chars = text_chars
         self._after: int | None = None
         # NOTE: each job's (attempt, length) sent so far, forgotten when its attempt ends.
         self._sent: dict[uuid.UUID, tuple[int, int]] = {}
@@ -42,6 +46,7 @@ class DeltaReader:
             offset = sent if attempt == r["attempt"] and sent <= len(r["text"]) else 0
             if offset == len(r["text"]):
                 continue
+            offset = max(offset, len(r["text"]) - self._text_chars)
             self._sent[r["job_id"]] = (r["attempt"], len(r["text"]))
             deltas.append(OutputDelta(r["job_id"], r["prompt_id"], r["org_id"], r["created_by"],
                                       r["attempt"], offset, r["text"][offset:]))

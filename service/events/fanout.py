@@ -33,9 +33,10 @@ class Fanout:
     the table), never half.
     """
 
-    def __init__(self, client_buffer: int, max_streams: int, max_streams_per_token: int,
-                 retry_after: int) -> None:
+    def __init__(self, client_buffer: int, client_buffer_bytes: int, max_streams: int,
+                 max_streams_per_token: int, retry_after: int) -> None:
         self._client_buffer = client_buffer
+        self._client_buffer_bytes = client_buffer_bytes
         self._max_streams = max_streams
         self._max_per_token = max_streams_per_token
         self._retry_after = retry_after
@@ -68,7 +69,8 @@ class Fanout:
         Raises:
             StreamLimitExceeded: the token, or this process, already has its cap of streams.
         """
-        sub = Subscription(org_id, user_id, token, self._client_buffer, self._forget)
+        sub = Subscription(org_id, user_id, token, self._client_buffer,
+                           self._client_buffer_bytes, self._forget)
         with self._lock:
             if sum(len(subs) for subs in self._subs.values()) >= self._max_streams:
                 raise StreamLimitExceeded(
@@ -126,14 +128,17 @@ class Fanout:
 
     def _offer(self, items: Sequence[Live], cursor: int | None) -> None:
         by_key: dict[Key, list[Live]] = defaultdict(list)
+        sizes: dict[Key, int] = defaultdict(int)
         for item in items:
+            size = item.size
             for key in item.keys:
                 by_key[key].append(item)
+                sizes[key] += size
         dropped: list[Subscription] = []
         with self._lock:
             for key, batch in by_key.items():
                 for sub in self._subs.get(key, ()):
-                    if not sub.offer(batch):
+                    if not sub.offer(batch, sizes[key]):
                         dropped.append(sub)
             for sub in dropped:
                 self._drop(sub)
@@ -141,7 +146,7 @@ class Fanout:
                 self._cursor = cursor
         for sub in dropped:
             log.warning("sse.client_too_slow", org_id=sub.org_id, user_id=sub.user_id,
-                        buffer=self._client_buffer)
+                        buffer=self._client_buffer, buffer_bytes=self._client_buffer_bytes)
             sub.close("too far behind")
 
     def _forget(self, sub: Subscription) -> None:

@@ -49,11 +49,18 @@ def close_all_streams() -> None:
 
 @dataclass(frozen=True)
 class HubConfig:
-    """How often the hub reads and checks tokens, how much it buffers, how many streams it takes."""
+    """How often the hub reads and checks tokens, how much it buffers, how many streams it takes.
+
+    `text_chars` is the most of a response's (or a delta's) text an event carries
+    (SA_FEED_TEXT_MAX_CHARS); `client_buffer` and `client_buffer_bytes` how much one stream may
+    leave unread before it is dropped.
+    """
 
     poll_interval: float = 2.0
     page_size: int = 500
     client_buffer: int = 1000
+    client_buffer_bytes: int = 4 * 1024 * 1024
+    text_chars: int = 16_384
     start_timeout: float = 10.0
     max_streams: int = 500
     max_streams_per_token: int = 10
@@ -62,9 +69,10 @@ class HubConfig:
     def __post_init__(self) -> None:
         if self.poll_interval <= 0 or self.start_timeout <= 0 or self.token_check <= 0:
             raise ValueError("poll_interval, start_timeout and token_check must be positive")
-        if min(self.page_size, self.client_buffer, self.max_streams,
-               self.max_streams_per_token) < 1:
-            raise ValueError("page_size, client_buffer and the stream caps must be at least 1")
+        if min(self.page_size, self.client_buffer, self.client_buffer_bytes, self.text_chars,
+               self.max_streams, self.max_streams_per_token) < 1:
+            raise ValueError("page_size, the buffers, text_chars and the stream caps must be "
+                             "at least 1")
 
 
 class EventHub:
@@ -90,11 +98,12 @@ class EventHub:
         self._pool = pool
         self.config = config
         self._listen_conninfo = listen_conninfo
-        self._log = EventLog(config.page_size)
-        self._fanout = Fanout(config.client_buffer, config.max_streams,
-                              config.max_streams_per_token, max(1, round(config.poll_interval)))
+        self._log = EventLog(config.page_size, config.text_chars)
+        self._fanout = Fanout(config.client_buffer, config.client_buffer_bytes,
+                              config.max_streams, config.max_streams_per_token,
+                              max(1, round(config.poll_interval)))
         self._watchers = JobWatchers()
-        self._deltas = DeltaReader()
+        self._deltas = DeltaReader(config.text_chars)
         self._start_lock = threading.Lock()
         self._ready = threading.Event()
         self._looked = threading.Event()
@@ -112,7 +121,8 @@ class EventHub:
         config = HubConfig(poll_interval=settings.poll_interval,
                            max_streams=settings.sse_max_streams,
                            max_streams_per_token=settings.sse_max_streams_per_token,
-                           token_check=settings.sse_token_check)
+                           token_check=settings.sse_token_check,
+                           text_chars=settings.feed_text_max_chars)
         return cls(pool, config, settings.direct_database_url if settings.listen else None)
 
     @property

@@ -30,8 +30,9 @@ class EventLog:
     as long as the transactions that then held a lock on sa_job_event take to end.
     """
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, text_chars: int) -> None:
         self._page_size = page_size
+        self._text_chars = text_chars
         self._horizon = EventHorizon()
 
     @property
@@ -54,7 +55,8 @@ class EventLog:
         after = self._horizon.cursor
         assert after is not None, "look() until the log is ready"
         rows = conn.execute(q.JOB_EVENT_LIST_AFTER,
-                            {"after": after, "limit": self._page_size}).fetchall()
+                            {"after": after, "limit": self._page_size,
+                             "text_chars": self._text_chars}).fetchall()
         count = self._horizon.deliverable([row["id"] for row in rows])
         events = [JobEvent.from_row(row) for row in rows[:count]]
         if events:

@@ -12,6 +12,9 @@ __all__ = ["JobEvent", "Key", "Live", "OutputDelta"]
 Key = tuple[int, int | None]
 """Whose events a stream receives: (org, user), or (org, None) for the whole org."""
 
+_FIXED_BYTES = 256
+"""What an event costs besides its text, about (ids, states, times, the frame's own bytes)."""
+
 
 @dataclass(frozen=True, slots=True)
 class JobEvent:
@@ -29,6 +32,7 @@ class JobEvent:
     response_id: uuid.UUID | None
     at: datetime
     response_text: str | None = None
+    response_truncated: bool = False
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> JobEvent:
@@ -39,6 +43,11 @@ class JobEvent:
     def keys(self) -> tuple[Key, Key]:
         """The streams it goes to: its creator's own, and its org's."""
         return (self.org_id, self.created_by), (self.org_id, None)
+
+    @property
+    def size(self) -> int:
+        """About how many bytes it holds (its text's UTF-8 and a fixed part)."""
+        return _FIXED_BYTES + len((self.response_text or "").encode("utf-8", "replace"))
 
     def payload(self) -> dict[str, Any]:
         """Returns what a client may see: everything but the org, which is the client's own.
@@ -58,6 +67,7 @@ class JobEvent:
             "response_id": self.response_id,
             "at": self.at,
             "response_text": self.response_text,
+            "response_truncated": self.response_truncated,
         }
 
 
@@ -82,6 +92,11 @@ class OutputDelta:
     def keys(self) -> tuple[Key, Key]:
         """The streams it goes to: its creator's own, and its org's."""
         return (self.org_id, self.created_by), (self.org_id, None)
+
+    @property
+    def size(self) -> int:
+        """About how many bytes it holds (its text's UTF-8 and a fixed part)."""
+        return _FIXED_BYTES + len(self.text.encode("utf-8", "replace"))
 
     def payload(self) -> dict[str, Any]:
         """Returns what a client may see (not the org, its own)."""

@@ -35,12 +35,15 @@ class FrameCache:
     """Each event's SSE frame, encoded once per process however many streams carry it.
 
     PERF: with hundreds of streams of one user, encoding per stream was most of the fan-out's
-    cost. Keyed by the whole event (not its id), so reused ids never serve a stale frame.
+    cost. Keyed by the whole event (not its id), so reused ids never serve a stale frame. It
+    keeps at most `size` frames and `max_bytes` bytes, the oldest going first.
     """
 
-    def __init__(self, size: int = 4096) -> None:
+    def __init__(self, size: int = 4096, max_bytes: int = 8 * 1024 * 1024) -> None:
         self._size = size
+        self._max_bytes = max_bytes
         self._frames: dict[Live, bytes] = {}
+        self._bytes = 0
         self._lock = threading.Lock()
 
     def frames(self, events: Sequence[Live]) -> bytes:
@@ -55,9 +58,11 @@ class FrameCache:
                          if isinstance(event, OutputDelta) else
                          b"id: %d\nevent: %s\ndata: %s\n\n" % (event.id, EVENT_NAME.encode(), data))
                 with self._lock:
-                    self._frames[event] = frame
-                    while len(self._frames) > self._size:
-                        del self._frames[next(iter(self._frames))]
+                    if event not in self._frames:
+                        self._frames[event] = frame
+                        self._bytes += len(frame)
+                    while len(self._frames) > self._size or self._bytes > self._max_bytes:
+                        self._bytes -= len(self._frames.pop(next(iter(self._frames))))
             out.append(frame)
         return b"".join(out)
 
@@ -84,7 +89,9 @@ class EventStream:
     In order: a `retry:` frame at once (so the server sends the headers now), the replay of
     `(last_event_id, start]` (at most `replay_limit` events; past it the stream ends and the
     client reconnects for the next part), then every live event, with a keepalive comment
-    whenever `keepalive` seconds pass without one.
+    whenever `keepalive` seconds pass without one. The replay is read a page at a time
+    (`replay_page_bytes`, `text_chars`), and the next page only once the client took the last
+    one: a client that does not read holds one bounded page, never its whole backlog.
 
     NOTE: a WSGI server calls close() even when it never iterated the body (the client left
     first), which a bare generator would ignore; the subscription (and its cap slot) would leak.
@@ -92,8 +99,11 @@ class EventStream:
 
     def __init__(self, pool: ConnectionPool[DictConnection], sub: Subscription,
                  last_event_id: int | None, sock: socket.socket | None, *, keepalive: float,
-                 replay_limit: int, cache: FrameCache) -> None:
+                 replay_limit: int, replay_page_bytes: int, text_chars: int,
+                 cache: FrameCache) -> None:
         self._pool = pool
+        self._replay_page_bytes = replay_page_bytes
+        self._text_chars = text_chars
         self._sub = sub
         self._last = last_event_id
         self._sock = sock
@@ -149,7 +159,8 @@ class EventStream:
         """Yields the frames of `(last, upto]`, at most `replay_limit` events; returns the last id sent."""
         sent, budget = last, self._replay_limit
         for page in replay_events(self._pool, self._sub.org_id, self._sub.user_id, last, upto,
-                                  page_size=min(500, budget)):
+                                  page_size=min(500, budget), page_bytes=self._replay_page_bytes,
+                                  text_chars=self._text_chars):
             page = page[:budget]
             yield self._cache.frames(page)
             sent, budget = page[-1].id, budget - len(page)

@@ -24,19 +24,22 @@ class Subscription:
     """Every event the hub delivers after `start_after` for its key arrives here, in id order.
 
     `start_after` is None until the hub knows its cursor (`wait_start`). A client too slow to
-    keep `capacity` events or fewer waiting is closed instead of slowing the hub (or anyone
-    else); it resumes with Last-Event-ID.
+    keep at most `capacity` events and `capacity_bytes` bytes waiting is closed instead of
+    slowing the hub (or anyone else) or making the process hold its backlog; it resumes with
+    Last-Event-ID.
     """
 
     def __init__(self, org_id: int, user_id: int | None, token: bytes, capacity: int,
-                 forget: Callable[[Subscription], None]) -> None:
+                 capacity_bytes: int, forget: Callable[[Subscription], None]) -> None:
         self.org_id = org_id
         self.user_id = user_id
         self.token = token
         self.start_after: int | None = None
         self._capacity = capacity
+        self._capacity_bytes = capacity_bytes
         self._forget = forget
         self._buffer: deque[Live] = deque()
+        self._bytes = 0
         self._cond = threading.Condition(threading.Lock())
         self._closed: str | None = None
 
@@ -77,16 +80,20 @@ class Subscription:
                 raise SubscriptionClosed(self._closed)
             events = list(self._buffer)
             self._buffer.clear()
+            self._bytes = 0
         return events
 
-    def offer(self, events: Sequence[Live]) -> bool:
-        """Appends events without blocking; False (and nothing appended) when they do not fit."""
+    def offer(self, events: Sequence[Live], size: int) -> bool:
+        """Appends events (`size` bytes in all) without blocking; False (and nothing appended)
+        when they do not fit."""
         with self._cond:
             if self._closed is not None:
                 return True
-            if len(self._buffer) + len(events) > self._capacity:
+            if (len(self._buffer) + len(events) > self._capacity
+                    or self._bytes + size > self._capacity_bytes):
                 return False
             self._buffer.extend(events)
+            self._bytes += size
             self._cond.notify_all()
         return True
 

@@ -14,13 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from service.auth import SCOPED_PREFIXES
-from service.openapi.components import EXAMPLES, JOB_ID, PROMPT_ID, Schema, ref
+from service.openapi.components import EXAMPLES, JOB_ID, PROMPT_ID, RESPONSE_ID, Schema, ref
 from service.openapi.errors import error_answer
 from service.schema import Fields, Items, OneOrMore, Param, Spec
 
 __all__ = ["Answer", "Body", "Operation", "operation_object", "request_components"]
 
-_PATH_IDS = {"job_id": ("job", JOB_ID), "prompt_id": ("prompt", PROMPT_ID)}
+_PATH_IDS = {"job_id": ("job", JOB_ID), "prompt_id": ("prompt", PROMPT_ID),
+             "response_id": ("response", RESPONSE_ID)}
 """Each path parameter the routes use: what it names, and the example id."""
 
 

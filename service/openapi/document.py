@@ -8,7 +8,7 @@ import falcon
 
 from jobqueue.core.settings import Settings
 from service.openapi.build import operation_object, request_components
-from service.openapi.components import ANSWER_SCHEMAS
+from service.openapi.components import answer_schemas
 from service.openapi.operations import OPENAPI_PATH, operations
 
 __all__ = ["OPENAPI_PATH", "OpenApiDocument", "build_openapi"]
@@ -37,7 +37,7 @@ def build_openapi(settings: Settings) -> dict[str, Any]:
         "paths": paths,
         "components": {
             "securitySchemes": {"bearerAuth": {"type": "http", "scheme": "bearer"}},
-            "schemas": {**request_components(declared), **ANSWER_SCHEMAS},
+            "schemas": {**request_components(declared), **answer_schemas(settings)},
         },
     }
 

@@ -1,11 +1,11 @@
-"""Every error answer of the API, declared once: its meaning, its example and its headers."""
+"""Every error answer of the API, and the headers several answers carry, declared once."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["LOCATION", "REPLAYED", "Error", "error_answer", "retry_after"]
+__all__ = ["LOCATION", "REPLAYED", "WAITED", "Error", "error_answer", "retry_after"]
 
 _EXAMPLE_JOB_ID = "3f1c8d2e-5b7a-4c19-9e2f-0a6d4b8c7e51"
 
@@ -33,6 +33,17 @@ REPLAYED = {"Idempotent-Replayed": {
     "description": "`true` when the answer replays an earlier submit with the same "
                    "Idempotency-Key (nothing new was queued).",
     "required": False, "schema": {"type": "string", "enum": ["true"]}}}
+
+WAITED = {
+    "Preference-Applied": {
+        "description": "`wait=N` when the request waited for the job (RFC 7240).",
+        "required": False, "schema": {"type": "string", "pattern": "^wait=[0-9]+$"}},
+    "SA-Wait-Skipped": {
+        "description": "`cap` when `Prefer: wait` was not applied: the token already has "
+                       "SA_WAIT_MAX_PER_TOKEN waits in progress on this process, or the process "
+                       "SA_WAIT_MAX. The prompt was accepted all the same; follow the job.",
+        "required": False, "schema": {"type": "string", "enum": ["cap"]}},
+}
 
 ERRORS: dict[str, Error] = {
     "400": Error("Malformed request: the body is not JSON (or is empty), a header or query "

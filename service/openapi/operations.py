@@ -12,6 +12,8 @@ from service.contract import (
     ACCESS_TOKEN,
     CURSOR,
     IDEMPOTENCY_KEY,
+    JOBS_CURSOR,
+    JOBS_LIMIT,
     LAST_EVENT_ID,
     LAST_EVENT_ID_HEADER,
     MAX_BATCH,
@@ -31,7 +33,7 @@ from service.openapi.components import (
     EVENT_SCHEMA,
     JOB_EXAMPLE,
 )
-from service.openapi.errors import LOCATION, REPLAYED, error_answer, retry_after
+from service.openapi.errors import LOCATION, REPLAYED, WAITED, error_answer, retry_after
 
 __all__ = ["OPENAPI_PATH", "operations"]
 
@@ -81,17 +83,20 @@ def _submits(settings: Settings) -> list[Operation]:
             "post", f"{_API}/prompt", "submitPrompt",
             "Submit a prompt: 202 at once, a worker runs it.",
             {"200": Answer("Finished within `Prefer: wait=N` seconds: the job (in a terminal "
-                           "state) and its response's text.", "JobWithResponse",
-                           headers={**LOCATION, **REPLAYED}),
-             "202": Answer("Queued (or replayed).", "Submitted", headers={**LOCATION, **REPLAYED},
-                           links=_SUBMITTED_LINKS)},
+                           "state) and its response's text, whole.", "JobWithResponse",
+                           headers={**LOCATION, **REPLAYED, **WAITED}),
+             "202": Answer("Queued (or replayed).", "Submitted",
+                           headers={**LOCATION, **REPLAYED, **WAITED}, links=_SUBMITTED_LINKS)},
             description=(
                 "Writes the prompt and a queued job atomically. With an `Idempotency-Key`, a "
                 f"repeat of the same request by the same user within {KEY_TTL_SECONDS // 3600} h "
                 "answers the original ids (with `Idempotent-Replayed: true`) and queues nothing, "
                 "even when the repeats race; the same key with a different request answers 422. "
                 "When the caller's org already has SA_ORG_MAX_QUEUED jobs queued, it answers 429 "
-                "and writes nothing."),
+                "and writes nothing. `Prefer: wait` holds the connection, so waits are capped per "
+                "token (SA_WAIT_MAX_PER_TOKEN) and per web process (SA_WAIT_MAX): past a cap the "
+                "prompt is accepted all the same and answered 202 at once, with "
+                "`SA-Wait-Skipped: cap`."),
             params=(IDEMPOTENCY_KEY, PREFER),
             body=Body(prompt_body(max_chars), {"text": "Summarise the spec in one line.",
                                                "priority": 20, "max_attempts": 3,
@@ -110,14 +115,17 @@ def _submits(settings: Settings) -> list[Operation]:
                 "(`prompts[3].text: ...`) and writes nothing. One `Idempotency-Key` covers the "
                 "batch: a repeat answers the original ids with `Idempotent-Replayed: true`. "
                 "The whole batch must fit under SA_ORG_MAX_QUEUED, else 429 and nothing written. "
-                "The body counts against SA_MAX_BODY_BYTES (413)."),
+                "The body may be at most SA_BATCH_MAX_BYTES (413)."),
             params=(IDEMPOTENCY_KEY,),
             body=Body(prompt_batch_body(max_chars), {"prompts": [
                 {"text": "Summarise chapter 1."},
                 {"text": "Summarise chapter 2.", "delay_seconds": 60}]}),
-            answers_past_limits={"429": error_answer(
-                "429", "The batch would take the org past SA_ORG_MAX_QUEUED; nothing was written.",
-                _QUEUE_FULL)}),
+            answers_past_limits={
+                "413": error_answer("413", "The body is larger than SA_BATCH_MAX_BYTES (default "
+                                           "4 MiB)."),
+                "429": error_answer("429", "The batch would take the org past "
+                                           "SA_ORG_MAX_QUEUED; nothing was written.",
+                                    _QUEUE_FULL)}),
     ]
 
 
@@ -132,10 +140,23 @@ def _jobs_and_prompts() -> list[Operation]:
                       "error_message": "cancelled by user 7"}, links=_JOB_LINKS)},
                   body=_NO_BODY, errors=("409",)),
         Operation("get", f"{_API}/prompts/{{prompt_id}}", "getPrompt",
-                  "A prompt, its response (if any), its jobs.",
+                  "A prompt, its response (if any), a page of its jobs.",
                   {"200": Answer("The prompt.", "PromptView", links={
                       "RetryPrompt": ("retryPrompt", "prompt_id", "prompt/id"),
-                      "FollowUp": ("submitPrompt", "parent_id", "prompt/id")})}),
+                      "FollowUp": ("submitPrompt", "parent_id", "prompt/id")})},
+                  description=(
+                      "The prompt and its response whole, with its jobs newest first, a page at "
+                      "a time: at most `limit` (default 20, at most 100), fewer once their "
+                      "options and error messages pass SA_PAGE_MAX_BYTES. Pass `next_cursor` "
+                      "back as `cursor` for the older ones."),
+                  params=(JOBS_CURSOR, JOBS_LIMIT)),
+        Operation("get", f"{_API}/responses/{{response_id}}", "getResponse",
+                  "A response, its text whole.",
+                  {"200": Answer("The response.", "Entity")},
+                  description=(
+                      "The feeds (SSE events, /mission/recent) carry at most "
+                      "SA_FEED_TEXT_MAX_CHARS characters of an answer, with `response_truncated`; "
+                      "this route has it whole.")),
         Operation("post", f"{_API}/prompts/{{prompt_id}}/retry", "retryPrompt",
                   "Queue a new job superseding the prompt's latest (finished) job.",
                   {"202": Answer("The new job.", "Retried", headers=LOCATION,
@@ -155,7 +176,8 @@ def _session_and_ops() -> list[Operation]:
                 "Takes the token from the Authorization header (never a cookie) and sets "
                 "`sa_session` (HttpOnly, SameSite=Strict, Path=/sa-core/v1, at most 8 h and "
                 "never past the token's expiry). The cookie then authenticates same-origin "
-                "requests without a header; writes also need `X-SA-Session: 1`."),
+                "requests without a header; writes also need `X-SA-Session: 1`. A token keeps "
+                "at most SA_SESSIONS_PER_TOKEN sessions: opening one more ends its oldest."),
             body=_NO_BODY, errors=("403",)),
         Operation("get", f"{_API}/session", "getSession", "Whom the request acts for.",
                   {"200": Answer("The caller.", "Session")}, errors=("403",)),
@@ -192,7 +214,9 @@ def _feeds() -> list[Operation]:
                 "Pages the same event log as /mission/events: a page is the viewer's next "
                 "`limit` transitions (heartbeats are none), collapsed to their prompts' latest "
                 "state. Following `next_cursor` misses nothing, even a transaction that commits "
-                "late, and repeats a prompt only when it changed again."),
+                "late, and repeats a prompt only when it changed again. Texts come cut to "
+                "SA_FEED_TEXT_MAX_CHARS characters (`text_truncated`, `response_truncated`), and a "
+                "page ends early, with `has_more`, once its texts pass SA_PAGE_MAX_BYTES."),
             params=(CURSOR, SINCE, RECENT_LIMIT, SCOPE)),
         Operation(
             "get", f"{_API}/mission/events", "missionEvents",
@@ -205,6 +229,11 @@ def _feeds() -> list[Operation]:
                 f"`{EVENT_SCHEMA}` schema). Resumes after `Last-Event-ID`; a replay sends at "
                 "most SA_SSE_REPLAY_LIMIT events, then the stream ends and the EventSource "
                 "reconnects (after `retry:`) with the last id it got, for the next part. The "
+                "replay is read a page at a time (at most 500 events, and SA_PAGE_MAX_BYTES of "
+                "texts), the next one only once the client has read the last. An answer travels "
+                "cut to SA_FEED_TEXT_MAX_CHARS characters (`response_truncated`; GET "
+                "/responses/{response_id} has it whole). A stream that leaves more than 1,000 "
+                "events or 4 MiB unread is closed (it resumes with Last-Event-ID). The "
                 "stream ends when its token is revoked or expires (within SA_SSE_TOKEN_CHECK "
                 "seconds) and at shutdown; otherwise never."),
             params=(LAST_EVENT_ID_HEADER, LAST_EVENT_ID, SCOPE, ACCESS_TOKEN),

@@ -34,11 +34,13 @@ class MissionEvents:
         hub: EventHub,
         keepalive: float = 15.0,
         replay_limit: int = 1000,
+        page_bytes: int = 1_048_576,
     ) -> None:
         self._pool = pool
         self._hub = hub
         self._keepalive = keepalive
         self._replay_limit = replay_limit
+        self._page_bytes = page_bytes
         self._cache = FrameCache()
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -72,4 +74,6 @@ class MissionEvents:
         # NOTE: tells nginx-style proxies not to buffer the stream.
         resp.set_header("X-Accel-Buffering", "no")
         resp.stream = EventStream(self._pool, sub, last, sock, keepalive=self._keepalive,
-                                  replay_limit=self._replay_limit, cache=self._cache)
+                                  replay_limit=self._replay_limit,
+                                  replay_page_bytes=self._page_bytes,
+                                  text_chars=self._hub.config.text_chars, cache=self._cache)

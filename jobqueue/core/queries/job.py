@@ -7,9 +7,10 @@ __all__ = [
     "JOB_CLAIM_MANY_ORG_CAPPED",
     "JOB_COLUMNS",
     "JOB_GET",
+    "JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT",
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
-    "JOB_LIST_FOR_PROMPT",
+    "JOB_LIST_FOR_PROMPT_PAGE",
     "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
     "JOB_RELEASE_MANY_IF_CLAIMED",
@@ -344,17 +345,48 @@ JOB_GET = (
 """
 )
 
-# served by sa_job_prompt_idx (prompt_id, created_at)
-JOB_LIST_FOR_PROMPT = (
-    "SELECT "
+# served by sa_job_prompt_idx (prompt_id, created_at), walked backwards from the keyset
+# (`before_at`, `before_id`: the last job of the previous page; NULL for the first) and
+# stopped by the LIMIT: a page costs its jobs, never the prompt's whole history. Bounded in
+# bytes as well as count: the page stops once the options and error messages before a job pass
+# `max_bytes` (the first always comes); `read` counts every job read, so the caller knows
+# whether jobs remain (`limit` is one more than the page, for the same reason).
+JOB_LIST_FOR_PROMPT_PAGE = (
+    """
+WITH page AS MATERIALIZED (
+SELECT """
     + JOB_COLUMNS
     + _READ_COLUMNS
-    + """
+    + """,
+       sum(octet_length(execution_options::text) + coalesce(octet_length(error_message), 0))
+           OVER (ORDER BY created_at DESC, id)
+       - octet_length(execution_options::text) - coalesce(octet_length(error_message), 0)
+           AS bytes_before
   FROM sa_job
  WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s
+   AND created_at <= coalesce(%(before_at)s::timestamptz, 'infinity')
+   AND (created_at < coalesce(%(before_at)s::timestamptz, 'infinity') OR id > %(before_id)s::uuid)
+ ORDER BY created_at DESC, id
+ LIMIT %(limit)s
+)
+SELECT """
+    + JOB_COLUMNS
+    + """, usage, partial_text, (SELECT count(*) FROM page) AS read
+  FROM page
+ WHERE bytes_before < %(max_bytes)s
  ORDER BY created_at DESC, id
 """
 )
+
+# served by sa_job_prompt_idx (prompt_id, created_at), walked backwards to the newest job that
+# has a response: GET /prompts/{id} shows that response whatever page of jobs it answers.
+JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT = """
+SELECT response_id
+  FROM sa_job
+ WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s AND response_id IS NOT NULL
+ ORDER BY created_at DESC, id
+ LIMIT 1
+"""
 
 # served by sa_job_pkey (id). Locks the row first so a concurrent claim either lands before
 # (and we cancel the running job) or after (and finds it cancelled). Answers the columns of the
@@ -428,7 +460,7 @@ JOB_RETRY_IF_FINISHED = (
 )
 
 # served by sa_job_prompt_idx (prompt_id, created_at). Retries the prompt's latest job, in
-# JOB_LIST_FOR_PROMPT's order (newest first).
+# JOB_LIST_FOR_PROMPT_PAGE's order (newest first).
 JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED = (
     "WITH old AS (SELECT "
     + _RETRY_OLD_COLUMNS

@@ -56,12 +56,24 @@ SELECT coalesce((SELECT id
 
 # served by sa_entity_pkey (id) for the prompts, then sa_job_prompt_idx (prompt_id, created_at)
 # for each prompt's latest job. The org guard keeps another org's ids out whatever is passed.
+# NOTE: bounded in bytes as well as count: each text travels cut to `text_chars` characters
+# (`*_truncated` says when; octet_length() of a whole text reads its stored size only), and
+# the items, in the order given, stop once the texts before one pass `max_bytes` (the first
+# always comes). `read` counts every item found, so the caller knows where the page was cut.
 MISSION_PROMPTS_LATEST = """
-SELECT p.id AS prompt_id, p.parent_id, p.content AS text, p.created_at,
+WITH items AS MATERIALIZED (
+SELECT o.ord, p.id AS prompt_id, p.parent_id, t.text, p.created_at,
        latest.job_id, latest.state, latest.attempt, latest.max_attempts, latest.priority,
        latest.error_kind, latest.error_message, latest.response_id, latest.updated_at,
-       r.content AS response_text
-  FROM sa_entity p
+       t.response_text,
+       octet_length(p.content) > octet_length(t.text) AS text_truncated,
+       coalesce(octet_length(r.content) > octet_length(t.response_text), false)
+           AS response_truncated,
+       sum(octet_length(t.text) + coalesce(octet_length(t.response_text), 0))
+           OVER (ORDER BY o.ord)
+       - octet_length(t.text) - coalesce(octet_length(t.response_text), 0) AS bytes_before
+  FROM unnest(%(prompt_ids)s::uuid[]) WITH ORDINALITY AS o(id, ord)
+  JOIN sa_entity p ON p.id = o.id
  CROSS JOIN LATERAL (
        SELECT id AS job_id, state, attempt, max_attempts, priority, error_kind,
               error_message, response_id, updated_at
@@ -70,5 +82,14 @@ SELECT p.id AS prompt_id, p.parent_id, p.content AS text, p.created_at,
         ORDER BY created_at DESC, id
         LIMIT 1) latest
   LEFT JOIN sa_entity r ON r.id = latest.response_id
- WHERE p.id = ANY(%(prompt_ids)s) AND p.org_id = %(org_id)s
+ CROSS JOIN LATERAL (SELECT substr(p.content, 1, %(text_chars)s) AS text,
+                            substr(r.content, 1, %(text_chars)s) AS response_text) t
+ WHERE p.org_id = %(org_id)s
+)
+SELECT prompt_id, parent_id, text, created_at, job_id, state, attempt, max_attempts, priority,
+       error_kind, error_message, response_id, updated_at, response_text, text_truncated,
+       response_truncated, (SELECT count(*) FROM items) AS read
+  FROM items
+ WHERE bytes_before < %(max_bytes)s
+ ORDER BY ord
 """
