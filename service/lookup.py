@@ -98,6 +98,7 @@ def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: 
         prompt = conn.execute(entity_q.ENTITY_GET, {**scope, "id": prompt_id}).fetchone()
         if prompt is None or prompt["kind"] != "prompt":
             raise NotFound(f"prompt {prompt_id} not found")
+        conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
         rows = conn.execute(job_q.JOB_LIST_FOR_PROMPT_PAGE, {
             **scope, "before_at": before_at, "before_id": before_id, "limit": page.limit + 1,
             "max_bytes": page.max_bytes}).fetchall()
@@ -172,6 +173,7 @@ def recent_changes(
             last_event[event["prompt_id"]] = event["id"]
         rows: list[Row] = []
         if last_event:
+            conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
             rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
                 "org_id": caller.org_id, "prompt_ids": list(last_event),
                 "text_chars": text_chars, "max_bytes": max_bytes}).fetchall()

@@ -11,6 +11,7 @@ __all__ = [
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_FOR_PROMPT_PAGE",
+    "JOB_PAGE_PLAN_SETTINGS",
     "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
     "JOB_RELEASE_MANY_IF_CLAIMED",
@@ -345,7 +346,18 @@ JOB_GET = (
 """
 )
 
-# served by sa_job_prompt_idx (prompt_id, created_at), walked backwards from the keyset
+# The plan settings of the web's reads of a prompt's jobs in (created_at DESC, id) order (its
+# jobs page, its newest response, /mission/recent's latest job per prompt), run just before
+# them in their transaction: sorts priced out leave sa_job_prompt_idx, which holds that order
+# (0020_prompt_jobs_page.sql), as the only plan. PERF: on statistics that took one prompt for
+# most of the table, the planner walked sa_job_created_idx (every job newer than the page)
+# with an incremental sort instead. JIT is off for the reason JOB_PLAN_SETTINGS gives.
+JOB_PAGE_PLAN_SETTINGS = """
+SELECT set_config('enable_sort', 'off', true), set_config('enable_incremental_sort', 'off', true),
+       set_config('jit', 'off', true)
+"""
+
+# served by sa_job_prompt_idx (prompt_id, created_at DESC, id), walked from the keyset
 # (`before_at`, `before_id`: the last job of the previous page; NULL for the first) and
 # stopped by the LIMIT: a page costs its jobs, never the prompt's whole history. Bounded in
 # bytes as well as count: the page stops once the options and error messages before a job pass
@@ -378,7 +390,7 @@ SELECT """
 """
 )
 
-# served by sa_job_prompt_idx (prompt_id, created_at), walked backwards to the newest job that
+# served by sa_job_prompt_idx (prompt_id, created_at DESC, id), walked to the newest job that
 # has a response: GET /prompts/{id} shows that response whatever page of jobs it answers.
 JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT = """
 SELECT response_id
@@ -459,7 +471,7 @@ JOB_RETRY_IF_FINISHED = (
     + _RETRY_TAIL
 )
 
-# served by sa_job_prompt_idx (prompt_id, created_at). Retries the prompt's latest job, in
+# served by sa_job_prompt_idx (prompt_id, created_at DESC, id). Retries the prompt's latest job, in
 # JOB_LIST_FOR_PROMPT_PAGE's order (newest first).
 JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED = (
     "WITH old AS (SELECT "

@@ -33,10 +33,6 @@ SELECT pg_notify(n.channel, n.payload)
 # needs no second request for the answer; at most `text_chars` characters of it travel in a
 # feed, `response_truncated` saying when the rest stays behind (GET /responses/{id} has it
 # whole). octet_length() of the whole text reads its stored size only, never the text.
-_EVENT_FIELDS = """
-id, job_id, prompt_id, org_id, created_by, from_state, to_state, attempt, error_kind,
-response_id, at, response_text, response_truncated"""
-
 _EVENT_SELECT = """
 e.id, e.job_id, e.prompt_id, e.org_id, e.created_by, e.from_state, e.to_state, e.attempt,
 e.error_kind, e.response_id, e.at, r.text AS response_text,
@@ -60,18 +56,32 @@ JOB_EVENT_LIST_AFTER = "SELECT" + _EVENT_SELECT + _EVENT_FROM + """
 
 # NOTE: a replay page also stops once the texts before an event pass `max_bytes` (the event
 # that passes it still comes: a page is never empty), so a stream that does not read holds one
-# page of bounded size; the next page starts after the last event sent.
-_REPLAY_HEAD = "SELECT" + _EVENT_FIELDS + """
-  FROM (SELECT""" + _EVENT_SELECT + """,
-               sum(coalesce(octet_length(r.text), 0)) OVER (ORDER BY e.id)
-               - coalesce(octet_length(r.text), 0) AS bytes_before""" + _EVENT_FROM
+# page of bounded size; the next page starts after the last event sent. An event's text counts
+# for its stored size, at most what `text_chars` characters can take in UTF-8, read without
+# reading the text; only the events kept have their text cut and read.
+_REPLAY_HEAD = """
+SELECT page.id, page.job_id, page.prompt_id, page.org_id, page.created_by, page.from_state,
+       page.to_state, page.attempt, page.error_kind, page.response_id, page.at,
+       r.text AS response_text, coalesce(r.truncated, false) AS response_truncated
+  FROM (SELECT e.*, sum(coalesce(s.size, 0)) OVER (ORDER BY e.id) - coalesce(s.size, 0)
+                    AS bytes_before
+          FROM sa_job_event e
+          LEFT JOIN LATERAL (
+               SELECT least(octet_length(c.content), 4 * %(text_chars)s) AS size
+                 FROM sa_entity c
+                WHERE c.id = e.response_id) s ON true"""
 
 _REPLAY_TAIL = """
            AND e.id > %(after)s AND e.id <= %(upto)s
          ORDER BY e.id
          LIMIT %(limit)s) page
- WHERE bytes_before < %(max_bytes)s
- ORDER BY id
+  LEFT JOIN LATERAL (
+       SELECT t.text, octet_length(c.content) > octet_length(t.text) AS truncated
+         FROM sa_entity c
+        CROSS JOIN LATERAL (SELECT substr(c.content, 1, %(text_chars)s) AS text) t
+        WHERE c.id = page.response_id) r ON true
+ WHERE page.bytes_before < %(max_bytes)s
+ ORDER BY page.id
 """
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql: the
