@@ -88,11 +88,15 @@ _HEARD_TTL = 60.0
 
 
 _FIGURES_INTERVAL = 5.0
-"""Seconds between refreshes of a web process's own gauges (pool, open streams)."""
+"""Seconds between refreshes of a web process's own gauges (pool, open streams, waits)."""
 
 
 def _report_streams(hub: EventHub) -> None:
     metrics.SSE_STREAMS_OPEN.set(hub.subscriber_count)
+
+
+def _report_waits(waits: Waits) -> None:
+    metrics.WAITS_OPEN.set(waits.held)
 
 
 def _caching_authenticator(pool: ConnectionPool[DictConnection],
@@ -165,7 +169,8 @@ def create_app(
     hub = hub or EventHub.from_settings(pool, settings)
     # NOTE: one per app, so one per web process: the wait caps are per process.
     waits = Waits(settings.wait_max_per_token, settings.wait_max)
-    figures = ProcessFigures().add_pool(pool).add(partial(_report_streams, hub))
+    figures = (ProcessFigures().add_pool(pool).add(partial(_report_streams, hub))
+               .add(partial(_report_waits, waits)))
     if owns_pool:
         # NOTE: keeps the files of the processes a scrape does not reach current (exposition.py).
         figures.start(_FIGURES_INTERVAL)
