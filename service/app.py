@@ -22,7 +22,7 @@ from jobqueue.core.queries.token import TOKEN_REVOKED_LISTEN
 from jobqueue.core.settings import Settings, SettingsError
 from jobqueue.core.tokens import Authenticator
 from service.auth import API_PREFIX, AuthMiddleware
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.middleware import RequestContextMiddleware
 from service.middleware_security import (
     QueryParamsMiddleware,
@@ -31,7 +31,7 @@ from service.middleware_security import (
     cors_middleware,
 )
 from service.openai.routes import add_openai_routes
-from service.openapi import OPENAPI_PATH, OpenApiDocument, build_openapi
+from service.openapi.document import OPENAPI_PATH, OpenApiDocument, build_openapi
 from service.resources.control import JobCancel, PromptRetry
 from service.resources.docs import DOCS_PATH, STYLESHEET_PATH, ApiDocs, ApiDocsStylesheet
 from service.resources.events import MissionEvents
@@ -42,8 +42,10 @@ from service.resources.mission import MissionRecent
 from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
 from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
+from service.resources.responses import ResponseItem
 from service.resources.session import Session
 from service.serialize import json_handler, serialize_error
+from service.waits import Waits
 
 __all__ = ["create_app"]
 
@@ -88,11 +90,15 @@ _HEARD_TTL = 60.0
 
 
 _FIGURES_INTERVAL = 5.0
-"""Seconds between refreshes of a web process's own gauges (pool, open streams)."""
+"""Seconds between refreshes of a web process's own gauges (pool, open streams, waits)."""
 
 
 def _report_streams(hub: EventHub) -> None:
     metrics.SSE_STREAMS_OPEN.set(hub.subscriber_count)
+
+
+def _report_waits(waits: Waits) -> None:
+    metrics.WAITS_OPEN.set(waits.held)
 
 
 def _caching_authenticator(pool: ConnectionPool[DictConnection],
@@ -167,7 +173,9 @@ def create_app(
     document = build_openapi(settings)
     middleware: list[Any] = [RequestContextMiddleware(), SecurityHeadersMiddleware(),
                              *([cors] if cors else []), AuthMiddleware(authenticator),
-                             RequestLimitsMiddleware(settings.max_body_bytes, settings.body_timeout),
+                             RequestLimitsMiddleware(settings.max_body_bytes, settings.body_timeout, {
+                                 f"{API_PREFIX}/prompts/batch": (settings.batch_max_bytes,
+                                                                 "SA_BATCH_MAX_BYTES")}),
                              QueryParamsMiddleware(document, API_PREFIX + "/")]
     app = falcon.App(middleware=middleware)
     handler = json_handler()
@@ -179,7 +187,10 @@ def create_app(
     app.add_route("/healthz", Health())
     app.add_route("/readyz", Ready(pool))
     hub = hub or EventHub.from_settings(pool, settings)
-    figures = ProcessFigures().add_pool(pool).add(partial(_report_streams, hub))
+    # NOTE: one per app, so one per web process: the wait caps are per process.
+    waits = Waits(settings.wait_max_per_token, settings.wait_max)
+    figures = (ProcessFigures().add_pool(pool).add(partial(_report_streams, hub))
+               .add(partial(_report_waits, waits)))
     if owns_pool:
         # NOTE: keeps the files of the processes a scrape does not reach current (exposition.py).
         figures.start(_FIGURES_INTERVAL)
@@ -187,22 +198,24 @@ def create_app(
     app.add_route(OPENAPI_PATH, OpenApiDocument(document))
     app.add_route(DOCS_PATH, ApiDocs(document))
     app.add_route(STYLESHEET_PATH, ApiDocsStylesheet())
-    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings, hub))
+    app.add_route(f"{API_PREFIX}/prompt", PromptCollection(pool, settings, hub, waits))
     app.add_route(f"{API_PREFIX}/prompts/batch", PromptBatch(pool, settings))
-    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool))
+    app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}", PromptItem(pool, settings))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}", JobItem(pool))
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
+    app.add_route(f"{API_PREFIX}/responses/{{response_id:uuid}}", ResponseItem(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry",
                   PromptRetry(pool, settings.org_max_queued))
-    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub))
+    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub, settings))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
-                                replay_limit=settings.sse_replay_limit))
-    app.add_route(f"{API_PREFIX}/session", Session(pool))
+                                replay_limit=settings.sse_replay_limit,
+                                page_bytes=settings.page_max_bytes))
+    app.add_route(f"{API_PREFIX}/session", Session(pool, settings.sessions_per_token))
     app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))
-    add_openai_routes(app, pool, settings, hub)
+    add_openai_routes(app, pool, settings, hub, waits)
     # NOTE: the pages live at the root, outside the versioned JSON API: they are HTML, and the
     # session cookie's Path (/sa-core/v1) keeps it off them.
     static = load_static()

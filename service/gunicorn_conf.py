@@ -186,7 +186,7 @@ def post_worker_init(worker: Any) -> None:
     previous = signal.getsignal(signal.SIGTERM)
 
     def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        from service.event_hub import close_all_streams
+        from service.events.hub import close_all_streams
 
         close_all_streams()
         if callable(previous):

@@ -1,8 +1,9 @@
-"""Reads a caller may make: a job, a prompt with its response and jobs, recent changes."""
+"""Reads a caller may make: a job, a response, a prompt with its response and jobs, recent changes."""
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,11 +16,24 @@ from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import mission as mission_q
 from jobqueue.core.tokens import Caller
 
-__all__ = ["get_job", "get_job_with_response", "get_prompt", "recent_changes"]
+__all__ = ["JobsPage", "get_job", "get_job_with_response", "get_prompt", "get_response",
+           "recent_changes"]
 
 Row = dict[str, Any]
 
 _LAST_ID = 2**63 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class JobsPage:
+    """Which of a prompt's jobs to answer: `limit` at most, and at most `max_bytes` of their
+    options and error messages, after the job `before` names ((created_at, id); None: the
+    newest first)."""
+
+    limit: int
+    max_bytes: int
+    before: tuple[datetime, uuid.UUID] | None = None
+
 
 def get_job(pool: ConnectionPool[DictConnection], caller: Caller, job_id: uuid.UUID) -> Row:
     """Returns the job's row.
@@ -53,23 +67,51 @@ def get_job_with_response(pool: ConnectionPool[DictConnection], caller: Caller,
     return {**job, "response_text": response["content"] if response is not None else None}
 
 
-def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: uuid.UUID) -> Row:
-    """Returns `{prompt, response, jobs}`: the response of the newest succeeded job, jobs newest first.
+def get_response(pool: ConnectionPool[DictConnection], caller: Caller,
+                 response_id: uuid.UUID) -> Row:
+    """Returns a response entity, its content whole.
+
+    Raises:
+        NotFound: no such response in the caller's org.
+    """
+    with pool.connection() as conn:
+        row = conn.execute(entity_q.ENTITY_GET,
+                           {"org_id": caller.org_id, "id": response_id}).fetchone()
+    if row is None or row["kind"] != "response":
+        raise NotFound(f"response {response_id} not found")
+    return row
+
+
+def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: uuid.UUID,
+               page: JobsPage) -> Row:
+    """Returns `{prompt, response, jobs, next_cursor, has_more}`: the response of the newest job
+    that has one, and a page of the jobs, newest first.
+
+    `next_cursor` is the (created_at, id) of the page's last job when more remain, else None.
 
     Raises:
         NotFound: no such prompt in the caller's org.
     """
-    scope = {"org_id": caller.org_id}
+    scope = {"org_id": caller.org_id, "prompt_id": prompt_id}
+    before_at, before_id = page.before or (None, None)
     with pool.connection() as conn:
         prompt = conn.execute(entity_q.ENTITY_GET, {**scope, "id": prompt_id}).fetchone()
         if prompt is None or prompt["kind"] != "prompt":
             raise NotFound(f"prompt {prompt_id} not found")
-        jobs = conn.execute(job_q.JOB_LIST_FOR_PROMPT, {**scope, "prompt_id": prompt_id}).fetchall()
-        response_id = next((j["response_id"] for j in jobs if j["response_id"] is not None), None)
+        conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
+        rows = conn.execute(job_q.JOB_LIST_FOR_PROMPT_PAGE, {
+            **scope, "before_at": before_at, "before_id": before_id, "limit": page.limit + 1,
+            "max_bytes": page.max_bytes}).fetchall()
+        latest = conn.execute(job_q.JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT, scope).fetchone()
         response = None
-        if response_id is not None:
-            response = conn.execute(entity_q.ENTITY_GET, {**scope, "id": response_id}).fetchone()
-    return {"prompt": prompt, "response": response, "jobs": jobs}
+        if latest is not None:
+            response = conn.execute(entity_q.ENTITY_GET,
+                                    {**scope, "id": latest["response_id"]}).fetchone()
+    read = rows[0]["read"] if rows else 0
+    jobs = [{k: v for k, v in row.items() if k != "read"} for row in rows[:page.limit]]
+    has_more = read > len(jobs)
+    return {"prompt": prompt, "response": response, "jobs": jobs, "has_more": has_more,
+            "next_cursor": (jobs[-1]["created_at"], jobs[-1]["id"]) if has_more else None}
 
 
 def recent_changes(
@@ -80,6 +122,8 @@ def recent_changes(
     after: int | None,
     since: datetime | None,
     limit: int,
+    text_chars: int,
+    max_bytes: int,
     org_wide: bool = False,
 ) -> Row:
     """Returns `{as_of, items, next_cursor, has_more}`: a page of the viewer's event log, collapsed
@@ -88,7 +132,10 @@ def recent_changes(
     The page is the viewer's first `limit` events in `(after, upto]`, in id order; items come in
     the order of their prompt's last event in the page. Passing `next_cursor` back as `after`
     continues exactly where the page ended: every id <= `upto` is final, so nothing is missed,
-    and a heartbeat writes no event, so nothing comes back unless it changed again.
+    and a heartbeat writes no event, so nothing comes back unless it changed again. Texts come
+    cut to `text_chars` characters; once the items' texts pass `max_bytes`, the page ends at
+    the last item that fit and `next_cursor` at its last event (the items after it changed
+    after that event, so the next page brings them).
 
     Args:
         pool: database pool.
@@ -98,6 +145,8 @@ def recent_changes(
         after: the previous answer's `next_cursor`; None for a first call.
         since: a first call's start: the events stamped at or after it (None: the whole log).
         limit: most events read, hence most items answered.
+        text_chars: most characters of a prompt's or a response's text in an item.
+        max_bytes: the texts' bytes past which the page ends (the first item always comes).
         org_wide: the viewer's whole org instead of the viewer's own prompts.
     """
     scope = {"org_id": caller.org_id, "user_id": caller.user_id}
@@ -122,11 +171,16 @@ def recent_changes(
         for event in events:
             last_event.pop(event["prompt_id"], None)
             last_event[event["prompt_id"]] = event["id"]
+        rows: list[Row] = []
         if last_event:
+            conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
             rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
-                "org_id": caller.org_id, "prompt_ids": list(last_event)}).fetchall()
-            by_prompt = {row["prompt_id"]: row for row in rows}
-            items = [by_prompt[p] for p in last_event if p in by_prompt]
+                "org_id": caller.org_id, "prompt_ids": list(last_event),
+                "text_chars": text_chars, "max_bytes": max_bytes}).fetchall()
+    items = [{k: v for k, v in row.items() if k != "read"} for row in rows]
+    if rows and rows[0]["read"] > len(rows):
+        return {"as_of": as_of, "items": items,
+                "next_cursor": last_event[items[-1]["prompt_id"]], "has_more": True}
     has_more = len(events) == limit
     return {"as_of": as_of, "items": items,
             "next_cursor": events[-1]["id"] if has_more else upto, "has_more": has_more}

@@ -64,9 +64,10 @@ class SecurityHeadersMiddleware:
 class RequestLimitsMiddleware:
     """Reads a request body whole, once the caller is authenticated, and hands it on in memory.
 
-    Refused before a byte is read: a declared body over `max_body_bytes` (413) or one that is not
-    JSON (415). Then the body is read under one wall-clock deadline of `body_timeout` seconds
-    (SA_BODY_TIMEOUT) to half as much again: a client that sends it too slowly gets a JSON 408
+    Refused before a byte is read: a declared body over `max_body_bytes` (413; a route named in
+    `route_limits` has its own bound instead) or one that is not JSON (415). Then the body is
+    read under one wall-clock deadline of `body_timeout` seconds (SA_BODY_TIMEOUT) to half as
+    much again: a client that sends it too slowly gets a JSON 408
     and its connection slot back; a chunked body is cut one byte past the limit (413); a body
     that ends early or is malformed (an aborted chunked upload) is a 400. Resources then parse
     the buffered copy.
@@ -75,9 +76,11 @@ class RequestLimitsMiddleware:
     a request without a valid token.
     """
 
-    def __init__(self, max_body_bytes: int, body_timeout: float) -> None:
+    def __init__(self, max_body_bytes: int, body_timeout: float,
+                 route_limits: Mapping[str, tuple[int, str]] | None = None) -> None:
         self._max = max_body_bytes
         self._timeout = body_timeout
+        self._route_limits = dict(route_limits or {})
 
     def process_resource(self, req: falcon.Request, resp: falcon.Response, resource: object,
                          params: dict[str, Any]) -> None:
@@ -95,10 +98,12 @@ class RequestLimitsMiddleware:
         if getattr(resource, "streams_body", False):
             # NOTE: a file upload streams its own body to storage under its own limits.
             return
+        limit, setting = self._route_limits.get(req.uri_template or "",
+                                                (self._max, "SA_MAX_BODY_BYTES"))
         length = req.content_length
         chunked = "chunked" in (req.get_header("Transfer-Encoding") or "").lower()
-        if length is not None and length > self._max:
-            raise self._too_large()
+        if length is not None and length > limit:
+            raise _too_large(limit, setting)
         if not length and not chunked:
             return
         if not _is_json(req.content_type):
@@ -106,21 +111,21 @@ class RequestLimitsMiddleware:
                 title="Unsupported media type",
                 description="Request bodies must be JSON: send Content-Type: application/json.",
             )
-        data = self._read(req.env, length)
+        data = self._read(req.env, length, limit, setting)
         # NOTE: Falcon wraps wsgi.input lazily (bounded_stream), sized by CONTENT_LENGTH; no
         # resource has read it yet, so the buffered body takes its place.
         req.env["wsgi.input"] = req.stream = io.BytesIO(data)
         req.env["CONTENT_LENGTH"] = str(len(data))
 
-    def _read(self, env: dict[str, Any], length: int | None) -> bytes:
-        """Reads `length` bytes, or a chunked body (None) up to one byte past the limit."""
+    def _read(self, env: dict[str, Any], length: int | None, limit: int, setting: str) -> bytes:
+        """Reads `length` bytes, or a chunked body (None) up to one byte past `limit`."""
         # NOTE: jittered, so that a thousand slow clients that arrived together (and reconnect
         # together) are not all answered in the same instant, a burst that would stall every
         # other request of the process for as long as it takes to answer them.
         timeout = self._timeout * random.uniform(1.0, 1.5)
         try:
             with body_deadline(timeout, env):
-                data: bytes = env["wsgi.input"].read(self._max + 1 if length is None else length)
+                data: bytes = env["wsgi.input"].read(limit + 1 if length is None else length)
         except BodyTimeout:
             log.info("http.body_timeout", timeout_s=round(timeout, 3))
             raise falcon.HTTPError(
@@ -132,17 +137,19 @@ class RequestLimitsMiddleware:
             # broke the chunked framing; whichever it is, the request is the client's fault.
             log.info("http.body_unreadable", error=type(exc).__name__)
             raise _incomplete() from None
-        if length is None and len(data) > self._max:
-            raise self._too_large()
+        if length is None and len(data) > limit:
+            raise _too_large(limit, setting)
         if length is not None and len(data) < length:
             raise _incomplete()
         return data
 
-    def _too_large(self) -> falcon.HTTPError:
-        return falcon.HTTPContentTooLarge(
-            title="Request body too large",
-            description=f"The body may be at most {self._max} bytes.",
-        )
+
+
+def _too_large(limit: int, setting: str) -> falcon.HTTPError:
+    return falcon.HTTPContentTooLarge(
+        title="Request body too large",
+        description=f"The body may be at most {limit} bytes ({setting}).",
+    )
 
 
 def _incomplete() -> falcon.HTTPBadRequest:
@@ -245,5 +252,6 @@ def cors_middleware(origins: Sequence[str]) -> object | None:
     # bounds only; at run time it serves WSGI apps the same way.
     return falcon.CORSMiddleware(
         allow_origins=allow,
-        expose_headers=["Location", "Retry-After", "Idempotent-Replayed"],
+        expose_headers=["Location", "Retry-After", "Idempotent-Replayed", "Preference-Applied",
+                        "SA-Wait-Skipped"],
     )

@@ -19,7 +19,7 @@ from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
 from service.app import create_app
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from tests.helpers import TableReset, WorkerHarness
 
 TABLES = ("sa_job_event", "sa_ledger", "sa_audit", "sa_edge", "sa_job", "sa_entity", "sa_api_token",

@@ -33,7 +33,7 @@ from jobqueue.runtime.batch_keeper import BatchKeeper
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.worker import Worker
 from service.app import create_app
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 
 __all__ = ["REPO", "REQUIRE_TOOLS", "TableReset", "WorkerHarness", "answers", "fetch_all", "fetch_one",
            "free_port", "job_state", "plan_nodes", "plan_tree", "require", "require_tool",

@@ -13,7 +13,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
-from service.validation import MAX_BATCH
+from service.contract import MAX_BATCH
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, submit, wait_for
 
 BATCH = "/sa-core/v1/prompts/batch"

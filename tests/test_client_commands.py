@@ -17,7 +17,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from tests.helpers import WorkerHarness, fetch_all, fetch_one
 
 Cli = Callable[[list[str]], int]

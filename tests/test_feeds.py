@@ -25,7 +25,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Authenticator, Caller, issue_token, revoke_token
 from service.app import create_app
 from service.auth import AuthMiddleware
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.resources.events import MissionEvents
 from tests.helpers import fetch_all, plan_nodes, submit, wait_for
 from tests.processes import gunicorn
@@ -353,6 +353,7 @@ def _open_stream(base: str, headers: dict[str, str]) -> socket.socket | None:
     (mission_q.MISSION_START_FOR_USER, "sa_job_event_org_user_idx"),
     (mission_q.MISSION_START_FOR_ORG, "sa_job_event_org_idx"),
     (event_q.JOB_EVENT_LIST_FOR_ORG_BETWEEN, "sa_job_event_org_idx"),
+    (event_q.JOB_EVENT_LIST_FOR_USER_BETWEEN, "sa_job_event_org_user_idx"),
 ])
 def test_the_feeds_read_one_orgs_events_through_their_index(
     many_jobs: DictConnection, statement: str, index: str,
@@ -361,7 +362,8 @@ def test_the_feeds_read_one_orgs_events_through_their_index(
     many_jobs.execute("UPDATE sa_job_event SET created_by = id % 20 + 1")
     many_jobs.execute("ANALYZE sa_job_event")
     nodes = plan_nodes(many_jobs, statement, {
-        "org_id": 7, "user_id": 1, "after": 0, "upto": 2**62, "limit": 100,
+        "org_id": 7, "user_id": 1, "after": 0, "upto": 2**62, "limit": 100, "text_chars": 100,
+        "max_bytes": 1_048_576,
         "since": datetime(2000, 1, 1, tzinfo=UTC)})
     assert index in {node.get("Index Name") for node in nodes}
     assert "Seq Scan" not in {node["Node Type"] for node in nodes}

@@ -27,11 +27,12 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.app import create_app
 from service.auth import API_PREFIX, PAGE_ROUTES
-from service.event_hub import EventHub
+from service.contract import IDEMPOTENCY_KEY, PREFER
+from service.events.hub import EventHub
 from service.openai.errors import OPENAI_PREFIX
 from service.openai.routes import OPENAI_ROUTES
-from service.openapi import OPENAPI_PATH, build_openapi
-from service.validation import IDEMPOTENCY_KEY, INSTANT_PATTERN, PREFER, UUID_PATTERN
+from service.openapi.document import OPENAPI_PATH, build_openapi
+from service.schema import INSTANT_PATTERN, UUID_PATTERN
 
 # NOTE: the document depends on settings only through limits; the test app uses the defaults.
 DOCUMENT = build_openapi(Settings(database_url="", direct_database_url="", provider_url="",
@@ -190,7 +191,7 @@ def test_every_route_is_documented_and_every_documented_route_is_served(
     assert openai_served == OPENAI_ROUTES, "list the front door's routes in service/openai/routes.py"
     served -= openai_served
     documented = {(method, path) for path, item in DOCUMENT["paths"].items() for method in item}
-    assert served - documented == set(), "document these routes in service/openapi.py"
+    assert served - documented == set(), "declare these routes in service/openapi/operations.py"
     assert documented - served == set(), "these documented routes are not served"
 
 

@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import chain as chain_q
+from jobqueue.core.queries import claim as claim_q
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import maintenance as maintenance_q
@@ -79,18 +80,18 @@ HOT_PATH = [
     HotStatement("enqueue_after_capped", entity_q.PROMPT_INSERT_WITH_JOB,
                  {**_ENQUEUE, "after": _IDS[0], "parent_id": _IDS[1], "max_queued": 1000},
                  job_q.JOB_PLAN_SETTINGS),
-    HotStatement("claim", job_q.JOB_CLAIM_MANY, _CLAIM, job_q.JOB_PLAN_SETTINGS),
+    HotStatement("claim", claim_q.JOB_CLAIM_MANY, _CLAIM, job_q.JOB_PLAN_SETTINGS),
     # NOTE: the per-org rank needs every claimable row (see its comment), so it may sort them,
     # but it still reads them through the claim index, never the table.
-    HotStatement("claim_org_capped", job_q.JOB_CLAIM_MANY_ORG_CAPPED, _CLAIM,
+    HotStatement("claim_org_capped", claim_q.JOB_CLAIM_MANY_ORG_CAPPED, _CLAIM,
                  job_q.JOB_PLAN_SETTINGS, reads_backlog=True),
     HotStatement("finalize_mixed", job_q.JOB_SET_STATE_IF_RUNNING_MANY, _FINALIZE, prepared=False),
     HotStatement("reject", job_q.JOB_REJECT_MANY_IF_CLAIMED,
                  {"job_ids": _IDS, "attempts": [1] * 3, "error_kinds": ["invalid_options"] * 3,
                   "error_messages": ["m"] * 3, "claim": "w1"}, prepared=False),
-    HotStatement("claim_candidates", job_q.JOB_CLAIM_CANDIDATES, _CLAIM, job_q.JOB_PLAN_SETTINGS),
-    HotStatement("claim_ids", job_q.JOB_CLAIM_IDS, {**_CLAIM, "job_ids": _IDS}, prepared=False),
-    HotStatement("next_due", job_q.JOB_NEXT_DUE, {"ceiling": 100}, job_q.JOB_PLAN_SETTINGS),
+    HotStatement("claim_candidates", claim_q.JOB_CLAIM_CANDIDATES, _CLAIM, job_q.JOB_PLAN_SETTINGS),
+    HotStatement("claim_ids", claim_q.JOB_CLAIM_IDS, {**_CLAIM, "job_ids": _IDS}, prepared=False),
+    HotStatement("next_due", claim_q.JOB_NEXT_DUE, {"ceiling": 100}, job_q.JOB_PLAN_SETTINGS),
     HotStatement("heartbeat", job_q.JOB_HEARTBEAT_MANY_IF_CLAIMED, {"job_ids": _IDS, "claim": "w1"}),
     # NOTE: the shutdown release reads every running job (at most the workers' slots), once per
     # shutdown, then releases them by id.
@@ -279,7 +280,7 @@ def test_hot_path_plans_hold_with_statistics_from_an_empty_queue_and_after_analy
 def test_without_its_plan_settings_the_claim_would_read_the_backlog(backlog: DictConnection) -> None:
     # The check above can fail: the same claim, planned without JOB_PLAN_SETTINGS on these
     # statistics, walks every queued row instead of stopping after the batch.
-    bare = HotStatement("claim", job_q.JOB_CLAIM_MANY, _CLAIM)
+    bare = HotStatement("claim", claim_q.JOB_CLAIM_MANY, _CLAIM)
     assert _violations(plan_tree(backlog, bare.statement, bare.params), bare)
 
 

@@ -27,7 +27,9 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Authenticator, Caller
 from service.app import create_app
 from service.auth import AuthMiddleware
-from service.event_hub import EventHub, HubConfig, SubscriptionClosed, replay_events
+from service.events.hub import EventHub, HubConfig
+from service.events.replay import replay_events
+from service.events.subscription import SubscriptionClosed
 from service.resources.events import MissionEvents
 from tests.helpers import REPO, WorkerHarness, fetch_all, fetch_one, submit, wait_for
 from tests.processes import gunicorn

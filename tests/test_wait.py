@@ -14,7 +14,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
 from service.app import create_app
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from tests.helpers import WorkerHarness, wait_for
 
 PROMPT = "/sa-core/v1/prompt"

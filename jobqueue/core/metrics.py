@@ -25,6 +25,7 @@ __all__ = [
     "RUN_SECONDS",
     "SSE_STREAMS_OPEN",
     "TRANSITIONS",
+    "WAITS_OPEN",
     "WAIT_SECONDS",
     "WEB_ONLY",
     "WORKER_ONLY",
@@ -82,11 +83,14 @@ DB_POOL_REQUESTS_WAITING = Gauge("sa_db_pool_requests_waiting",
                                  multiprocess_mode="liveall")
 SSE_STREAMS_OPEN = Gauge("sa_sse_streams_open", "Event streams (GET /mission/events) open now.",
                          multiprocess_mode="livesum")
+WAITS_OPEN = Gauge("sa_waits_open", "Requests holding their connection to wait for a job now "
+                   "(Prefer: wait), out of SA_WAIT_MAX per process.", multiprocess_mode="livesum")
 BUILD_INFO = Gauge("sa_build_info", "Always 1; labels say which sa-core and Python run.",
                    ["version", "python"], multiprocess_mode="max")
 BUILD_INFO.labels(version=VERSION, python=platform.python_version()).set(1)
 
-WEB_ONLY = frozenset({"sa_http_request_seconds", "sa_jobs_enqueued", "sa_sse_streams_open"})
+WEB_ONLY = frozenset({"sa_http_request_seconds", "sa_jobs_enqueued", "sa_sse_streams_open",
+                      "sa_waits_open"})
 """Families only the web produces (names as prometheus-client reports them, counters without
 `_total`): a worker's page leaves them out instead of showing them empty."""
 

@@ -277,6 +277,12 @@ class Settings:
     batch_max_queued: int = 1000
     batch_interval: float = 1.0
     batch_retention: float = 30 * 86400.0
+    wait_max: int = 250
+    wait_max_per_token: int = 10
+    feed_text_max_chars: int = 16_384
+    page_max_bytes: int = 1_048_576
+    sessions_per_token: int = 20
+    batch_max_bytes: int = 4 * 1_048_576
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -360,6 +366,14 @@ class Settings:
             leader_keepalive_interval=_int(env, "SA_LEADER_KEEPALIVE_INTERVAL", 10),
             leader_keepalive_count=_int(env, "SA_LEADER_KEEPALIVE_COUNT", 3),
             **_openai_settings(env),
+            # NOTE: a quarter of the gevent worker's connections by default: with the streams'
+            # half, waits never hold every connection (docs/limits.md).
+            wait_max=_int(env, "SA_WAIT_MAX", max(1, _int(env, "SA_WEB_CONNECTIONS", 1000) // 4)),
+            wait_max_per_token=_int(env, "SA_WAIT_MAX_PER_TOKEN", 10),
+            feed_text_max_chars=_int(env, "SA_FEED_TEXT_MAX_CHARS", 16_384),
+            page_max_bytes=_int(env, "SA_PAGE_MAX_BYTES", 1_048_576, minimum=1024),
+            sessions_per_token=_int(env, "SA_SESSIONS_PER_TOKEN", 20),
+            batch_max_bytes=_int(env, "SA_BATCH_MAX_BYTES", 4 * 1_048_576),
         )
 
     @property

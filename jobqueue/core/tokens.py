@@ -183,18 +183,22 @@ class OpenedSession:
     expires_at: datetime
 
 
-def open_session(pool: ConnectionPool[DictConnection], token: str,
-                 ttl: float) -> OpenedSession | None:
+def open_session(pool: ConnectionPool[DictConnection], token: str, ttl: float,
+                 max_per_token: int) -> OpenedSession | None:
     """Opens a session acting for `token`, for `ttl` seconds at most (never past the token's expiry).
+
+    A token keeps at most `max_per_token` sessions: opening one more ends its oldest.
 
     Returns:
         The session, or None when the token is not active (unknown, revoked or expired).
     """
     session_id = secrets.token_urlsafe(32)
+    params = {"session_hash": hash_token(session_id), "token_hash": hash_token(token), "ttl": ttl,
+              "keep": max_per_token - 1}
     with pool.connection() as conn:
-        row = conn.execute(session_q.SESSION_INSERT, {
-            "session_hash": hash_token(session_id), "token_hash": hash_token(token), "ttl": ttl,
-        }).fetchone()
+        row = conn.execute(session_q.SESSION_INSERT, params).fetchone()
+        if row is not None:
+            conn.execute(session_q.SESSION_DELETE_OLDEST_FOR_TOKEN, params)
     if row is None:
         return None
     return OpenedSession(id=session_id, expires_at=row["expires_at"])

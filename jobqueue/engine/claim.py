@@ -22,6 +22,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core import metrics, wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import ErrorKind
+from jobqueue.core.queries import claim as claim_q
 from jobqueue.core.queries import job as q
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.core.states import JobState
@@ -38,7 +39,7 @@ log = structlog.get_logger(__name__)
 DEFAULT_DEPTH = 10
 
 MAX_DEPTH = 50
-"""Most ancestors a job may ask for; POST /prompt refuses more (service/validation.py)."""
+"""Most ancestors a job may ask for; POST /prompt refuses more (service/contract.py)."""
 
 SENT_OPTIONS = ("temperature", "top_p", "max_tokens", "stop", "response_format", "seed",
                 "presence_penalty", "frequency_penalty")
@@ -148,7 +149,7 @@ def claim(
         try:
             with conn.transaction():
                 _prepare(cur, capped)
-                rows = cur.execute(q.JOB_CLAIM_MANY_ORG_CAPPED if capped else q.JOB_CLAIM_MANY,
+                rows = cur.execute(claim_q.JOB_CLAIM_MANY_ORG_CAPPED if capped else claim_q.JOB_CLAIM_MANY,
                                    params).fetchall()
         except psycopg.Error as exc:
             if is_connection_failure(conn, exc):
@@ -188,7 +189,7 @@ def next_due(pool: ConnectionPool[DictConnection], priority_ceiling: int) -> flo
     """Seconds until the soonest claimable job scheduled for later falls due; None for none."""
     with pool.connection() as conn, conn.transaction():
         conn.execute(q.JOB_PLAN_SETTINGS)
-        row = conn.execute(q.JOB_NEXT_DUE, {"ceiling": priority_ceiling}).fetchone()
+        row = conn.execute(claim_q.JOB_NEXT_DUE, {"ceiling": priority_ceiling}).fetchone()
     return None if row is None or row["seconds"] is None else max(0.0, float(row["seconds"]))
 
 
@@ -196,7 +197,7 @@ def _prepare(cur: psycopg.Cursor[dict[str, Any]], capped: bool) -> None:
     """The claim transaction's first statements: the plan settings, and the org-capped lock."""
     cur.execute(q.JOB_PLAN_SETTINGS)
     if capped:
-        cur.execute(q.JOB_CLAIM_LOCK_ORG_CAPPED)
+        cur.execute(claim_q.JOB_CLAIM_LOCK_ORG_CAPPED)
 
 
 def _claim_around(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]],
@@ -206,11 +207,11 @@ def _claim_around(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]],
     with conn.transaction():
         _prepare(cur, capped)
         candidates = cur.execute(
-            q.JOB_CLAIM_CANDIDATES_ORG_CAPPED if capped else q.JOB_CLAIM_CANDIDATES,
+            claim_q.JOB_CLAIM_CANDIDATES_ORG_CAPPED if capped else claim_q.JOB_CLAIM_CANDIDATES,
             params).fetchall()
 
         def take(c: DictConnection, part: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-            return cur.execute(q.JOB_CLAIM_IDS, {**params, "job_ids": [r["id"] for r in part]},
+            return cur.execute(claim_q.JOB_CLAIM_IDS, {**params, "job_ids": [r["id"] for r in part]},
                                prepare=False).fetchall()
 
         done = write_isolated(conn, candidates, take)

@@ -25,7 +25,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import Enqueued, enqueue
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.openai.errors import OpenAIError, bad_request
 from service.openai.follow import JobFollowers
 from service.openai.stream import ChatStream, StreamPlan, TextTracker, await_first, frames
@@ -37,8 +37,9 @@ from service.openai.waits import (
     read_answer,
     wait_for_end,
 )
+from service.parsers import parse_idempotency_key
 from service.resources.prompts import IDEMPOTENCY_KEY_HEADER, REPLAYED_HEADER
-from service.validation import parse_idempotency_key
+from service.waits import Waits
 
 __all__ = ["JOB_HEADER", "ChatCompletions"]
 
@@ -52,11 +53,12 @@ class ChatCompletions:
     """Runs an OpenAI chat completion as a durable job and answers as OpenAI does."""
 
     def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings, hub: EventHub,
-                 gate: WaitGate) -> None:
+                 gate: WaitGate, waits: Waits) -> None:
         self._pool = pool
         self._hub = hub
         self._followers = JobFollowers(hub)
         self._gate = gate
+        self._waits = waits
         self._settings = settings
         self._routes = settings.routes
 
@@ -90,7 +92,11 @@ class ChatCompletions:
             if request.stream:
                 self._stream(resp, caller, done.job_id, request, seconds, slot, key)
                 return
-            row = wait_for_end(self._pool, self._hub, caller, done.job_id, seconds)
+            # NOTE: past the web's shared wait caps the job is not held: read once, answered
+            # like one that outlived its hold (409 job_in_progress, re-attached by its key).
+            with self._waits.admit(req.context.token_digest) as shared:
+                row = wait_for_end(self._pool, self._hub, caller, done.job_id,
+                                   seconds if shared is not None else 0.0)
         except BaseException:
             slot.release()
             raise

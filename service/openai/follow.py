@@ -13,7 +13,9 @@ import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 
-from service.event_hub import EventHub, Live, Subscription
+from service.events.hub import EventHub
+from service.events.model import Live
+from service.events.subscription import Subscription
 
 __all__ = ["JobFollowers"]
 
@@ -38,7 +40,9 @@ class JobFollowers:
         Raises:
             psycopg.OperationalError: the hub could not start reading.
         """
-        sub = Subscription(0, None, b"", self._hub.config.client_buffer)
+        config = self._hub.config
+        sub = Subscription(0, None, b"", config.client_buffer, config.client_buffer_bytes,
+                           lambda _sub: None)
         with self._lock:
             self._followers[job_id].add(sub)
         try:
@@ -65,5 +69,5 @@ class JobFollowers:
                 return
             for item in items:
                 for sub in self._followers.get(item.job_id, ()):
-                    if not sub.offer([item]):
+                    if not sub.offer([item], item.size):
                         sub.close("too far behind")

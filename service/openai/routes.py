@@ -7,13 +7,14 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 from service.openai.batches import BatchCancel, BatchCollection, BatchItem
 from service.openai.chat import ChatCompletions
 from service.openai.errors import OPENAI_PREFIX
 from service.openai.files import FileCollection, FileContent, FileItem
 from service.openai.models import ModelItem, Models
 from service.openai.waits import WaitGate
+from service.waits import Waits
 
 __all__ = ["OPENAI_ROUTES", "add_openai_routes"]
 
@@ -37,11 +38,11 @@ API, not sa-core's OpenAPI document (docs/openai.md lists them and what each map
 
 def add_openai_routes(app: falcon.App[falcon.Request, falcon.Response],
                       pool: ConnectionPool[DictConnection], settings: Settings,
-                      hub: EventHub) -> WaitGate:
+                      hub: EventHub, waits: Waits) -> WaitGate:
     """Adds every route of the front door; returns the gate of its held requests."""
     gate = WaitGate(settings.openai_max_waiting, settings.openai_max_waiting_per_token)
     routes = settings.routes
-    app.add_route(f"{OPENAI_PREFIX}/chat/completions", ChatCompletions(pool, settings, hub, gate))
+    app.add_route(f"{OPENAI_PREFIX}/chat/completions", ChatCompletions(pool, settings, hub, gate, waits))
     app.add_route(f"{OPENAI_PREFIX}/models", Models(routes))
     app.add_route(f"{OPENAI_PREFIX}/models/{{model}}", ModelItem(routes))
     app.add_route(f"{OPENAI_PREFIX}/files", FileCollection(pool, settings))

@@ -29,7 +29,8 @@ from jobqueue.core.openai_wire import (
 )
 from jobqueue.core.states import TERMINAL
 from jobqueue.core.tokens import Caller
-from service.event_hub import OutputDelta, Subscription, SubscriptionClosed
+from service.events.model import OutputDelta
+from service.events.subscription import Subscription, SubscriptionClosed
 from service.openai.waits import read_answer
 
 __all__ = ["DONE", "ChatStream", "Diverged", "StreamPlan", "TextTracker", "await_first", "frames",

@@ -1,7 +1,8 @@
 """Holding a chat request open while its job runs: who may (admission) and for how long.
 
 A non-streamed answer waits as POST /prompt's `Prefer: wait` does (the event hub's
-`watch_job`; no pool connection while it waits), at most SA_OPENAI_MAX_WAIT (60 s) and never
+`watching`; no pool connection while it waits), under the same caps (service/waits.py), at most
+SA_OPENAI_MAX_WAIT (60 s) and never
 past the client's own read timeout (the SDK sends it, `X-Stainless-Read-Timeout`). A streamed one
 stays open at most SA_OPENAI_STREAM_MAX. Either way the job is durable: a client that gives up
 leaves a job that still finishes, and a retry with the same Idempotency-Key attaches to it.
@@ -21,7 +22,7 @@ from jobqueue.core.openai_wire import Body
 from jobqueue.core.queries.answer import JOB_ANSWER_GET
 from jobqueue.core.states import TERMINAL
 from jobqueue.core.tokens import Caller
-from service.event_hub import EventHub
+from service.events.hub import EventHub
 
 __all__ = ["CLIENT_TIMEOUT_HEADER", "Slot", "WaitGate", "hold_seconds", "read_answer", "wait_for_end"]
 
@@ -50,8 +51,8 @@ class Slot:
 class WaitGate:
     """How many chat requests a web process holds open, in all and per token.
 
-    NOTE: the one admission of the front door (`admit`): a shared per-token and per-process cap
-    on every held request (`Prefer: wait` included) belongs here, in place of these counts.
+    NOTE: every chat request, held or streamed, takes one of these; a held one also takes a slot
+    of the web's shared wait caps (service/waits.py), as `Prefer: wait` does.
     """
 
     def __init__(self, max_waiting: int, max_per_token: int) -> None:
@@ -97,14 +98,11 @@ def read_answer(pool: ConnectionPool[DictConnection], caller: Caller,
 def wait_for_end(pool: ConnectionPool[DictConnection], hub: EventHub, caller: Caller,
                  job_id: uuid.UUID, seconds: float) -> Body:
     """Waits up to `seconds` for the job to end; returns its answer row, ended or not."""
-    finished = hub.watch_job(job_id)
-    try:
+    with hub.watching(job_id) as finished:
         # NOTE: read once after watching: the job may have ended before the watch began.
         row = read_answer(pool, caller, job_id)
         if row["state"] not in TERMINAL and seconds > 0 and finished.wait(seconds):
             row = read_answer(pool, caller, job_id)
-    finally:
-        hub.unwatch_job(job_id, finished)
     return row
 
 

@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.engine.control import cancel_job, retry_prompt
 from service.auth import API_PREFIX
-from service.validation import parse_no_body
+from service.contract import parse_no_body
 
 __all__ = ["JobCancel", "PromptRetry"]
 

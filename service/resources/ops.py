@@ -16,7 +16,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.states import JobState
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.operator.inspection import list_jobs, queue_metrics
-from service.validation import parse_no_body
+from service.contract import parse_no_body
 
 __all__ = ["OPS_LIST_LIMIT", "OPS_WINDOW", "OpsCancel", "OpsOverview", "OpsRetry"]
 

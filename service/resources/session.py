@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller, close_session, open_session
 from service.auth import API_PREFIX, SESSION_COOKIE, invalid_token
-from service.validation import parse_no_body
+from service.contract import parse_no_body
 
 __all__ = ["SESSION_TTL_SECONDS", "Session"]
 
@@ -25,11 +25,14 @@ def _who(caller: Caller) -> dict[str, object]:
 class Session:
     """Opens, shows and closes the cookie session of the mission page."""
 
-    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+    def __init__(self, pool: ConnectionPool[DictConnection], max_per_token: int) -> None:
         self._pool = pool
+        self._max_per_token = max_per_token
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Opens a session for the token in the Authorization header: 201 and the cookie.
+
+        A token keeps at most SA_SESSIONS_PER_TOKEN sessions: one more ends its oldest.
 
         Raises:
             falcon.HTTPBadRequest: the request was authenticated by a cookie, not a token.
@@ -41,7 +44,7 @@ class Session:
                 title="Token required",
                 description="Open a session by presenting a token: Authorization: Bearer <token>.")
         opened = open_session(self._pool, header.strip().partition(" ")[2].strip(" \t"),
-                              SESSION_TTL_SECONDS)
+                              SESSION_TTL_SECONDS, self._max_per_token)
         if opened is None:
             raise invalid_token()  # NOTE: revoked between the middleware's check and now
         max_age = max(1, int((opened.expires_at - datetime.now(UTC)).total_seconds()))

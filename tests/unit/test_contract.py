@@ -13,8 +13,8 @@ import pytest
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import JobState
-from service.openapi import build_openapi
-from service.validation import BLANK_CHARACTERS, SINCE_PATTERN, TEXT_PATTERN, Text
+from service.openapi.document import build_openapi
+from service.schema import BLANK_CHARACTERS, SINCE_PATTERN, TEXT_PATTERN, Text
 
 __all__: list[str] = []
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from jobqueue.core.settings import Settings, SettingsError
-from service.event_horizon import EventHorizon, Observed
+from service.events.horizon import EventHorizon, Observed
 
 NOBODY: frozenset[str] = frozenset()
 

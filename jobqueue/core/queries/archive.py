@@ -9,7 +9,7 @@ __all__ = [
 ]
 
 # served by sa_job_created_idx (created_at, id) (0002_archive.sql) for the keyset walk, then
-# sa_job_prompt_idx (prompt_id, created_at) for each scanned job's prompt family and
+# sa_job_prompt_idx (prompt_id, created_at DESC, id) for each scanned job's prompt family and
 # sa_job_supersedes_unique (supersedes) for the cross-prompt guard (0001_core_schema.sql).
 # `limit` bounds the jobs scanned, not the jobs moved; the caller pages on (created_at, id)
 # until a short page, so skipped rows are passed once and never rescanned. `job_prompt_ids` gives

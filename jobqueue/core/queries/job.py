@@ -2,21 +2,16 @@
 
 __all__ = [
     "JOB_CANCEL_IF_ACTIVE",
-    "JOB_CLAIM_CANDIDATES",
-    "JOB_CLAIM_CANDIDATES_ORG_CAPPED",
-    "JOB_CLAIM_IDS",
-    "JOB_CLAIM_LOCK_ORG_CAPPED",
-    "JOB_CLAIM_MANY",
-    "JOB_CLAIM_MANY_ORG_CAPPED",
     "JOB_COLUMNS",
     "JOB_COUNT_QUEUED_FOR_ORG_CAPPED",
     "JOB_GET",
     "JOB_GET_AS_ENQUEUED",
+    "JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT",
     "JOB_GET_SUPERSEDER",
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_CLAIMED",
-    "JOB_LIST_FOR_PROMPT",
-    "JOB_NEXT_DUE",
+    "JOB_LIST_FOR_PROMPT_PAGE",
+    "JOB_PAGE_PLAN_SETTINGS",
     "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
     "JOB_RELEASE_MANY_IF_CLAIMED",
@@ -41,56 +36,6 @@ claimed_at, started_at, running_heartbeat_at, finished_at, response_id, error_ki
 error_message, supersedes, org_id, created_by, scheduled_for, created_at, updated_at
 """
 
-# NOTE: shared by both claim statements: what a claim writes and hands back. Each job comes
-# with its context (the prompt and up to `depth` ancestors, oldest first, by sa_entity_pkey
-# probes) so running it needs no further read: PERF, one round trip fewer per job.
-# NOTE: the depth is read with no cast that can fail (one undecodable row would fail the whole
-# claim, for every worker): a depth that is not 0..99 reads no ancestor, and claim.py then fails
-# that job as invalid_options.
-# PERF: the entities are looked up by id alone and their org checked on the rows found (a row
-# of another org is neither returned nor followed). With `org_id = ...` beside `id = ...` in the
-# lookup, statistics taken on a small table let the planner walk sa_entity_org_updated_idx,
-# every entity of the org for each job claimed: 200 ms a claim after a few thousand jobs.
-_CLAIM_SET = """
-, claimed AS (
-    UPDATE sa_job j
-       SET state = 'running',
-           worker_claim = %(claim)s,
-           claimed_at = now(),
-           started_at = now(),
-           running_heartbeat_at = now()
-      FROM picked
-     WHERE j.id = picked.id
-    RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
-              j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at,
-              j.throttled_at
-)
-SELECT claimed.*, (
-    WITH RECURSIVE chain AS (
-        SELECT id, org_id, kind, parent_id, content, 0 AS depth
-          FROM sa_entity
-         WHERE id = claimed.prompt_id
-        UNION ALL
-        SELECT e.id, e.org_id, e.kind, e.parent_id, e.content, chain.depth + 1
-          FROM sa_entity e
-          JOIN chain ON e.id = chain.parent_id
-         WHERE chain.org_id = claimed.org_id
-           AND chain.depth < CASE
-               WHEN NOT claimed.execution_options ? 'depth' THEN %(default_depth)s
-               WHEN jsonb_typeof(claimed.execution_options -> 'depth') = 'number'
-                    AND claimed.execution_options ->> 'depth' ~ '^[0-9]{1,2}$'
-               THEN (claimed.execution_options ->> 'depth')::int
-               ELSE 0
-           END
-    )
-    SELECT jsonb_agg(jsonb_build_object('kind', kind, 'content', content) ORDER BY depth DESC)
-      FROM chain
-     WHERE org_id = claimed.org_id
-) AS context
-  FROM claimed
- ORDER BY claimed.priority, claimed.scheduled_for
-"""
-
 # NOTE: run in the transaction of each claim (and of the scrape-time queue read, JOB_QUEUE_DEPTH)
 # just before the statement: set_config(..., true) is SET LOCAL, so it holds for that
 # transaction only.
@@ -109,169 +54,6 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
        set_config('enable_seqscan', 'off', true), set_config('jit', 'off', true)
 """
 
-# Fair sharing: within a priority, orgs take turns. `orgs` lists the orgs with queued work by a
-# loose index scan of sa_job_org_queued_idx (org_id) WHERE state = 'queued' (0004), one probe
-# per org; `heads` reads each org's first `limit` claimable jobs in (priority, scheduled_for)
-# order from sa_job_org_claim_idx (org_id, priority, scheduled_for) WHERE state = 'queued' AND
-# NOT waiting (0016: a job waiting for its predecessor is never claimable), numbering them per
-# priority (`turn`, from the index order: no sort of the backlog);
-# `picked` takes, most urgent priority first, every org's first turn, then every org's second,
-# ..., oldest first within a turn, up to the caller's free slots, and locks them by sa_job_pkey.
-# SKIP LOCKED keeps concurrent claimers disjoint (a head another claimer holds is skipped, not
-# replaced: that claim takes fewer, and the next round more).
-# Priority aging: among those heads, one due for `aging` seconds or more ranks before every
-# priority (`rank` -1), still taking turns with the other orgs' aged heads, so another org's
-# low-priority work waits about that long at most behind a flood of urgent work. An org's own
-# low-priority jobs stay behind its own more urgent ones (they are not among its heads).
-# PERF: reads at most (orgs with queued work) x `limit` index entries and sorts only those, so
-# its cost grows with the number of orgs waiting, never with the backlog (tests/test_plans.py,
-# bench/fairness.py). Run under JOB_PLAN_SETTINGS.
-# NOTE: the claim's choice, shared with JOB_CLAIM_CANDIDATES: a job set aside in
-# sa_job_quarantine (one probe of its primary key per head read) is never chosen.
-_CLAIM_CHOICE = """
-WITH RECURSIVE orgs AS (
-    (SELECT org_id FROM sa_job WHERE state = 'queued' ORDER BY org_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.org_id FROM sa_job j
-             WHERE j.state = 'queued' AND j.org_id > orgs.org_id
-             ORDER BY j.org_id LIMIT 1)
-      FROM orgs
-     WHERE orgs.org_id IS NOT NULL
-), heads AS (
-    SELECT head.id, head.org_id, head.scheduled_for, head.turn,
-           CASE WHEN head.scheduled_for <= now() - make_interval(secs => %(aging)s) THEN -1
-                ELSE head.priority END AS rank
-      FROM orgs
-     CROSS JOIN LATERAL (
-           SELECT j.id, j.org_id, j.priority, j.scheduled_for,
-                  row_number() OVER (PARTITION BY j.priority ORDER BY j.scheduled_for) AS turn
-             FROM sa_job j
-            WHERE j.state = 'queued'
-              AND NOT j.waiting
-              AND j.org_id = orgs.org_id
-              AND j.priority <= %(ceiling)s
-              AND j.scheduled_for <= now()
-              AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = j.id)
-            ORDER BY j.priority, j.scheduled_for
-            LIMIT %(limit)s) AS head
-), chosen AS (
-    SELECT heads.id, heads.org_id
-      FROM heads
-     ORDER BY heads.rank, heads.turn, heads.scheduled_for
-     LIMIT %(limit)s
-)
-"""
-
-JOB_CLAIM_MANY = (
-    _CLAIM_CHOICE
-    + """, picked AS (
-    SELECT j.id
-      FROM sa_job j
-     WHERE j.id = ANY (ARRAY(SELECT chosen.id FROM chosen))
-       AND j.state IS NOT DISTINCT FROM 'queued'
-       FOR UPDATE SKIP LOCKED
-)
-"""
-    + _CLAIM_SET
-)
-
-# The jobs JOB_CLAIM_MANY would take, without taking them: when the claim statement fails on a
-# row (jobqueue/engine/claim.py), these are claimed by id around the one that cannot be written.
-JOB_CLAIM_CANDIDATES = _CLAIM_CHOICE + "SELECT id, org_id FROM chosen"
-
-# served by sa_job_pkey (id): the claim of the given jobs (JOB_CLAIM_CANDIDATES' or
-# JOB_CLAIM_CANDIDATES_ORG_CAPPED's), one part of them at a time, guarded as the claims are.
-JOB_CLAIM_IDS = (
-    """
-WITH picked AS (
-    SELECT j.id
-      FROM sa_job j
-     WHERE j.id = ANY (%(job_ids)s::uuid[])
-       AND j.state IS NOT DISTINCT FROM 'queued'
-       AND j.waiting IS NOT DISTINCT FROM false
-       FOR UPDATE SKIP LOCKED
-)
-"""
-    + _CLAIM_SET
-)
-
-
-# served by sa_job_claim_idx (priority, scheduled_for) WHERE state = 'queued' AND NOT waiting
-# (0016): a loose scan, one descent per priority with claimable jobs (101 at most) and one
-# probe each for its first job due later; never the backlog. Seconds until the soonest, NULL when
-# nothing is scheduled. Run under JOB_PLAN_SETTINGS.
-JOB_NEXT_DUE = """
-WITH RECURSIVE priorities AS (
-    (SELECT priority FROM sa_job
-      WHERE state = 'queued' AND NOT waiting AND priority <= %(ceiling)s
-      ORDER BY priority LIMIT 1)
-    UNION ALL
-    SELECT (SELECT j.priority FROM sa_job j
-             WHERE j.state = 'queued' AND NOT j.waiting AND j.priority > priorities.priority
-               AND j.priority <= %(ceiling)s
-             ORDER BY j.priority LIMIT 1)
-      FROM priorities
-     WHERE priorities.priority IS NOT NULL
-)
-SELECT extract(epoch FROM min(
-           (SELECT j.scheduled_for FROM sa_job j
-             WHERE j.state = 'queued' AND NOT j.waiting AND j.priority = priorities.priority
-               AND j.scheduled_for > now()
-             ORDER BY j.scheduled_for LIMIT 1)) - now())::float8 AS seconds
-  FROM priorities
- WHERE priorities.priority IS NOT NULL
-"""
-
-# NOTE: taken (in the claim's transaction, before the claim statement takes its snapshot) only
-# when a per-org running cap is set, so capped claims see each other's results and the cap holds
-# exactly. Uncapped claims never take it.
-JOB_CLAIM_LOCK_ORG_CAPPED = "SELECT pg_advisory_xact_lock(hashtext('sa-core claim org-capped'))"
-
-# served by sa_job_claim_idx for the queued rows and sa_job_worker_claim_idx (worker_claim)
-# WHERE state = 'running' for the running counts. Ranks each org's claimable jobs so one
-# claim never takes more than an org's remaining room (`org_cap` minus its running jobs).
-# PERF: reads every claimable row to rank it, so its cost grows with the backlog whatever the plan
-# (the per-org rank needs them all); only used when SA_ORG_MAX_RUNNING is set. It runs under
-# JOB_PLAN_SETTINGS too, so it reads them through sa_job_claim_idx, never the table.
-_CAPPED_CHOICE = """
-WITH running AS (
-    SELECT org_id, count(*) AS n FROM sa_job WHERE state = 'running' GROUP BY org_id
-), ranked AS (
-    SELECT q.id, q.org_id, q.priority, q.scheduled_for, coalesce(r.n, 0) AS running,
-           row_number() OVER (PARTITION BY q.org_id ORDER BY q.priority, q.scheduled_for) AS rank
-      FROM sa_job q LEFT JOIN running r USING (org_id)
-     WHERE q.state = 'queued'
-       AND NOT q.waiting
-       AND q.priority <= %(ceiling)s
-       AND q.scheduled_for <= now()
-       AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = q.id)
-)
-"""
-
-JOB_CLAIM_MANY_ORG_CAPPED = (
-    _CAPPED_CHOICE
-    + """, picked AS (
-    SELECT id FROM sa_job
-     WHERE id IN (SELECT id FROM ranked WHERE running + rank <= %(org_cap)s)
-       AND state = 'queued'
-     ORDER BY priority, scheduled_for
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
-"""
-    + _CLAIM_SET
-)
-
-# JOB_CLAIM_CANDIDATES for the org-capped claim (run under its lock, JOB_CLAIM_LOCK_ORG_CAPPED).
-JOB_CLAIM_CANDIDATES_ORG_CAPPED = (
-    _CAPPED_CHOICE
-    + """
-SELECT id, org_id FROM ranked
- WHERE running + rank <= %(org_cap)s
- ORDER BY priority, scheduled_for
- LIMIT %(limit)s
-"""
-)
 
 # served by sa_job_pkey (id). River's JobSetStateIfRunningMany: one statement finishes a batch of
 # jobs with mixed outcomes (`to_state` succeeded, queued for a retry, or failed), given as
@@ -439,17 +221,59 @@ JOB_GET = (
 """
 )
 
-# served by sa_job_prompt_idx (prompt_id, created_at)
-JOB_LIST_FOR_PROMPT = (
-    "SELECT "
+# The plan settings of the web's reads of a prompt's jobs in (created_at DESC, id) order (its
+# jobs page, its newest response, /mission/recent's latest job per prompt), run just before
+# them in their transaction: sorts priced out leave sa_job_prompt_idx, which holds that order
+# (0020_prompt_jobs_page.sql), as the only plan. PERF: on statistics that took one prompt for
+# most of the table, the planner walked sa_job_created_idx (every job newer than the page)
+# with an incremental sort instead. JIT is off for the reason JOB_PLAN_SETTINGS gives.
+JOB_PAGE_PLAN_SETTINGS = """
+SELECT set_config('enable_sort', 'off', true), set_config('enable_incremental_sort', 'off', true),
+       set_config('jit', 'off', true)
+"""
+
+# served by sa_job_prompt_idx (prompt_id, created_at DESC, id), walked from the keyset
+# (`before_at`, `before_id`: the last job of the previous page; NULL for the first) and
+# stopped by the LIMIT: a page costs its jobs, never the prompt's whole history. Bounded in
+# bytes as well as count: the page stops once the options and error messages before a job pass
+# `max_bytes` (the first always comes); `read` counts every job read, so the caller knows
+# whether jobs remain (`limit` is one more than the page, for the same reason).
+JOB_LIST_FOR_PROMPT_PAGE = (
+    """
+WITH page AS MATERIALIZED (
+SELECT """
     + JOB_COLUMNS
     + _READ_COLUMNS
-    + """
+    + """,
+       sum(octet_length(execution_options::text) + coalesce(octet_length(error_message), 0))
+           OVER (ORDER BY created_at DESC, id)
+       - octet_length(execution_options::text) - coalesce(octet_length(error_message), 0)
+           AS bytes_before
   FROM sa_job
  WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s
+   AND created_at <= coalesce(%(before_at)s::timestamptz, 'infinity')
+   AND (created_at < coalesce(%(before_at)s::timestamptz, 'infinity') OR id > %(before_id)s::uuid)
+ ORDER BY created_at DESC, id
+ LIMIT %(limit)s
+)
+SELECT """
+    + JOB_COLUMNS
+    + """, usage, partial_text, (SELECT count(*) FROM page) AS read
+  FROM page
+ WHERE bytes_before < %(max_bytes)s
  ORDER BY created_at DESC, id
 """
 )
+
+# served by sa_job_prompt_idx (prompt_id, created_at DESC, id), walked to the newest job that
+# has a response: GET /prompts/{id} shows that response whatever page of jobs it answers.
+JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT = """
+SELECT response_id
+  FROM sa_job
+ WHERE prompt_id = %(prompt_id)s AND org_id = %(org_id)s AND response_id IS NOT NULL
+ ORDER BY created_at DESC, id
+ LIMIT 1
+"""
 
 # served by sa_job_pkey (id). Locks the row first so a concurrent claim either lands before
 # (and we cancel the running job) or after (and finds it cancelled). Answers the columns of the
@@ -532,8 +356,8 @@ JOB_RETRY_IF_FINISHED = (
     + _RETRY_TAIL
 )
 
-# served by sa_job_prompt_idx (prompt_id, created_at). Retries the prompt's latest job, in
-# JOB_LIST_FOR_PROMPT's order (newest first).
+# served by sa_job_prompt_idx (prompt_id, created_at DESC, id). Retries the prompt's latest job, in
+# JOB_LIST_FOR_PROMPT_PAGE's order (newest first).
 JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED = (
     "WITH old AS (SELECT "
     + _RETRY_OLD_COLUMNS

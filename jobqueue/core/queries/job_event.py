@@ -30,49 +30,74 @@ SELECT pg_notify(n.channel, n.payload)
 """
 
 # NOTE: a succeeded event carries its response's text (one sa_entity_pkey probe), so a viewer
-# needs no second request for the answer.
-_EVENT_COLUMNS = """
-id, job_id, prompt_id, org_id, created_by, from_state, to_state, attempt, error_kind,
-response_id, at,
-(SELECT r.content FROM sa_entity r WHERE r.id = sa_job_event.response_id) AS response_text
-"""
+# needs no second request for the answer; at most `text_chars` characters of it travel in a
+# feed, `response_truncated` saying when the rest stays behind (GET /responses/{id} has it
+# whole). octet_length() of the whole text reads its stored size only, never the text.
+_EVENT_SELECT = """
+e.id, e.job_id, e.prompt_id, e.org_id, e.created_by, e.from_state, e.to_state, e.attempt,
+e.error_kind, e.response_id, e.at, r.text AS response_text,
+coalesce(r.truncated, false) AS response_truncated"""
+
+_EVENT_FROM = """
+  FROM sa_job_event e
+  LEFT JOIN LATERAL (
+       SELECT t.text, octet_length(c.content) > octet_length(t.text) AS truncated
+         FROM sa_entity c
+        CROSS JOIN LATERAL (SELECT substr(c.content, 1, %(text_chars)s) AS text) t
+        WHERE c.id = e.response_id) r ON true"""
 
 # served by sa_job_event_pkey (id), 0001_core_schema.sql: the SSE hub's one reader for every
 # client of a web process; it pages by keyset.
-JOB_EVENT_LIST_AFTER = (
-    "SELECT" + _EVENT_COLUMNS + """
-  FROM sa_job_event
- WHERE id > %(after)s
- ORDER BY id
+JOB_EVENT_LIST_AFTER = "SELECT" + _EVENT_SELECT + _EVENT_FROM + """
+ WHERE e.id > %(after)s
+ ORDER BY e.id
  LIMIT %(limit)s
-""")
+"""
+
+# NOTE: a replay page also stops once the texts before an event pass `max_bytes` (the event
+# that passes it still comes: a page is never empty), so a stream that does not read holds one
+# page of bounded size; the next page starts after the last event sent. An event's text counts
+# for its stored size, at most what `text_chars` characters can take in UTF-8, read without
+# reading the text; only the events kept have their text cut and read.
+_REPLAY_HEAD = """
+SELECT page.id, page.job_id, page.prompt_id, page.org_id, page.created_by, page.from_state,
+       page.to_state, page.attempt, page.error_kind, page.response_id, page.at,
+       r.text AS response_text, coalesce(r.truncated, false) AS response_truncated
+  FROM (SELECT e.*, sum(coalesce(s.size, 0)) OVER (ORDER BY e.id) - coalesce(s.size, 0)
+                    AS bytes_before
+          FROM sa_job_event e
+          LEFT JOIN LATERAL (
+               SELECT least(octet_length(c.content), 4 * %(text_chars)s) AS size
+                 FROM sa_entity c
+                WHERE c.id = e.response_id) s ON true"""
+
+_REPLAY_TAIL = """
+           AND e.id > %(after)s AND e.id <= %(upto)s
+         ORDER BY e.id
+         LIMIT %(limit)s) page
+  LEFT JOIN LATERAL (
+       SELECT t.text, octet_length(c.content) > octet_length(t.text) AS truncated
+         FROM sa_entity c
+        CROSS JOIN LATERAL (SELECT substr(c.content, 1, %(text_chars)s) AS text) t
+        WHERE c.id = page.response_id) r ON true
+ WHERE page.bytes_before < %(max_bytes)s
+ ORDER BY page.id
+"""
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql: the
 # Last-Event-ID replay of one client. `upto` is the hub's delivered cursor when the client
-# registered, below which every id is final (see service/event_horizon.py).
-JOB_EVENT_LIST_FOR_USER_BETWEEN = (
-    "SELECT" + _EVENT_COLUMNS + """
-  FROM sa_job_event
- WHERE org_id = %(org_id)s AND created_by = %(user_id)s
-   AND id > %(after)s AND id <= %(upto)s
- ORDER BY id
- LIMIT %(limit)s
-""")
+# registered, below which every id is final (see service/events/horizon.py).
+JOB_EVENT_LIST_FOR_USER_BETWEEN = _REPLAY_HEAD + """
+ WHERE e.org_id = %(org_id)s AND e.created_by = %(user_id)s""" + _REPLAY_TAIL
 
 # served by sa_job_event_org_idx (org_id, id), 0007_event_org_index.sql: as
 # JOB_EVENT_LIST_FOR_USER_BETWEEN, for a client that opted in to its whole org's events.
-JOB_EVENT_LIST_FOR_ORG_BETWEEN = (
-    "SELECT" + _EVENT_COLUMNS + """
-  FROM sa_job_event
- WHERE org_id = %(org_id)s
-   AND id > %(after)s AND id <= %(upto)s
- ORDER BY id
- LIMIT %(limit)s
-""")
+JOB_EVENT_LIST_FOR_ORG_BETWEEN = _REPLAY_HEAD + """
+ WHERE e.org_id = %(org_id)s""" + _REPLAY_TAIL
 
 # The last id handed out by the event sequence (0 before the first), read outside MVCC: a
 # sequence advances for every transaction at once, committed or not.
-# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_HOLDING (see service/event_horizon.py).
+# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_HOLDING (see service/events/horizon.py).
 JOB_EVENT_SEQUENCE_LAST = """
 SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('sa_job_event', 'id')::regclass), 0)
        AS last_id

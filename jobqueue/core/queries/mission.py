@@ -10,7 +10,7 @@ __all__ = [
 
 # NOTE: the feed pages sa_job_event, not sa_job.updated_at: an event is written only by a
 # transition (a heartbeat writes none), and `upto` is the SSE hub's delivered cursor, below
-# which every id is final (service/event_horizon.py), so a page boundary never skips a late commit.
+# which every id is final (service/events/horizon.py), so a page boundary never skips a late commit.
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql.
 MISSION_PAGE_FOR_USER = """
@@ -54,14 +54,23 @@ SELECT coalesce((SELECT id
                   LIMIT 1), 0) AS after
 """
 
-# served by sa_entity_pkey (id) for the prompts, then sa_job_prompt_idx (prompt_id, created_at)
-# for each prompt's latest job. The org guard keeps another org's ids out whatever is passed.
+# served by sa_entity_pkey (id) for the prompts, then sa_job_prompt_idx (prompt_id, created_at
+# DESC, id) for each prompt's latest job, after JOB_PAGE_PLAN_SETTINGS (queries/job.py). The org
+# guard keeps another org's ids out whatever is passed.
+# NOTE: bounded in bytes as well as count: each text travels cut to `text_chars` characters
+# (`*_truncated` says when), and the items, in the order given, stop once the texts before one
+# pass `max_bytes` (the first always comes). A text counts for its stored size, at most what
+# `text_chars` characters can take in UTF-8, read without reading it (octet_length() of a
+# stored text reads its size only); only the items kept have their texts cut and read. `read`
+# counts every item found, so the caller knows where the page was cut.
 MISSION_PROMPTS_LATEST = """
-SELECT p.id AS prompt_id, p.parent_id, p.content AS text, p.created_at,
+WITH items AS MATERIALIZED (
+SELECT o.ord, p.id AS prompt_id, p.parent_id, p.created_at,
        latest.job_id, latest.state, latest.attempt, latest.max_attempts, latest.priority,
        latest.error_kind, latest.error_message, latest.response_id, latest.updated_at,
-       r.content AS response_text
-  FROM sa_entity p
+       sum(s.size) OVER (ORDER BY o.ord) - s.size AS bytes_before
+  FROM unnest(%(prompt_ids)s::uuid[]) WITH ORDINALITY AS o(id, ord)
+  JOIN sa_entity p ON p.id = o.id
  CROSS JOIN LATERAL (
        SELECT id AS job_id, state, attempt, max_attempts, priority, error_kind,
               error_message, response_id, updated_at
@@ -70,5 +79,22 @@ SELECT p.id AS prompt_id, p.parent_id, p.content AS text, p.created_at,
         ORDER BY created_at DESC, id
         LIMIT 1) latest
   LEFT JOIN sa_entity r ON r.id = latest.response_id
- WHERE p.id = ANY(%(prompt_ids)s) AND p.org_id = %(org_id)s
+ CROSS JOIN LATERAL (
+       SELECT least(octet_length(p.content), 4 * %(text_chars)s)
+              + coalesce(least(octet_length(r.content), 4 * %(text_chars)s), 0) AS size) s
+ WHERE p.org_id = %(org_id)s
+)
+SELECT i.prompt_id, i.parent_id, t.text, i.created_at, i.job_id, i.state, i.attempt,
+       i.max_attempts, i.priority, i.error_kind, i.error_message, i.response_id, i.updated_at,
+       t.response_text, octet_length(p.content) > octet_length(t.text) AS text_truncated,
+       coalesce(octet_length(r.content) > octet_length(t.response_text), false)
+           AS response_truncated,
+       (SELECT count(*) FROM items) AS read
+  FROM items i
+  JOIN sa_entity p ON p.id = i.prompt_id
+  LEFT JOIN sa_entity r ON r.id = i.response_id
+ CROSS JOIN LATERAL (SELECT substr(p.content, 1, %(text_chars)s) AS text,
+                            substr(r.content, 1, %(text_chars)s) AS response_text) t
+ WHERE i.bytes_before < %(max_bytes)s
+ ORDER BY i.ord
 """

@@ -32,7 +32,7 @@ SELECT org_id, user_id, scopes, token_hash,
 """
 
 # served by sa_api_token_hash_unique (token_hash): which of the digests behind a web process's
-# open SSE streams still act; the streams of any other digest end (service/event_hub.py).
+# open SSE streams still act; the streams of any other digest end (service/events/).
 TOKEN_LIST_ACTIVE_MANY = """
 SELECT token_hash
   FROM sa_api_token
