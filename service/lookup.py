@@ -9,7 +9,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import DictConnection, reconnecting
 from jobqueue.core.errors import NotFound
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
@@ -41,8 +41,8 @@ def get_job(pool: ConnectionPool[DictConnection], caller: Caller, job_id: uuid.U
     Raises:
         NotFound: no such job in the caller's org.
     """
-    with pool.connection() as conn:
-        row = conn.execute(job_q.JOB_GET, {"job_id": job_id, "org_id": caller.org_id}).fetchone()
+    row = reconnecting(pool, lambda conn: conn.execute(
+        job_q.JOB_GET, {"job_id": job_id, "org_id": caller.org_id}).fetchone())
     if row is None:
         raise NotFound(f"job {job_id} not found")
     return row
@@ -56,7 +56,8 @@ def get_job_with_response(pool: ConnectionPool[DictConnection], caller: Caller,
         NotFound: no such job in the caller's org.
     """
     scope = {"org_id": caller.org_id}
-    with pool.connection() as conn:
+
+    def read(conn: DictConnection) -> Row:
         job = conn.execute(job_q.JOB_GET, {**scope, "job_id": job_id}).fetchone()
         if job is None:
             raise NotFound(f"job {job_id} not found")
@@ -64,7 +65,9 @@ def get_job_with_response(pool: ConnectionPool[DictConnection], caller: Caller,
         if job["response_id"] is not None:
             response = conn.execute(entity_q.ENTITY_GET,
                                     {**scope, "id": job["response_id"]}).fetchone()
-    return {**job, "response_text": response["content"] if response is not None else None}
+        return {**job, "response_text": response["content"] if response is not None else None}
+
+    return reconnecting(pool, read)
 
 
 def get_response(pool: ConnectionPool[DictConnection], caller: Caller,
@@ -74,9 +77,8 @@ def get_response(pool: ConnectionPool[DictConnection], caller: Caller,
     Raises:
         NotFound: no such response in the caller's org.
     """
-    with pool.connection() as conn:
-        row = conn.execute(entity_q.ENTITY_GET,
-                           {"org_id": caller.org_id, "id": response_id}).fetchone()
+    row = reconnecting(pool, lambda conn: conn.execute(
+        entity_q.ENTITY_GET, {"org_id": caller.org_id, "id": response_id}).fetchone())
     if row is None or row["kind"] != "response":
         raise NotFound(f"response {response_id} not found")
     return row
@@ -94,19 +96,26 @@ def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: 
     """
     scope = {"org_id": caller.org_id, "prompt_id": prompt_id}
     before_at, before_id = page.before or (None, None)
-    with pool.connection() as conn:
+
+    def read_page(conn: DictConnection) -> tuple[Row, list[Row], Row | None]:
         prompt = conn.execute(entity_q.ENTITY_GET, {**scope, "id": prompt_id}).fetchone()
         if prompt is None or prompt["kind"] != "prompt":
             raise NotFound(f"prompt {prompt_id} not found")
-        conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
-        rows = conn.execute(job_q.JOB_LIST_FOR_PROMPT_PAGE, {
-            **scope, "before_at": before_at, "before_id": before_id, "limit": page.limit + 1,
-            "max_bytes": page.max_bytes}).fetchall()
-        latest = conn.execute(job_q.JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT, scope).fetchone()
+        # NOTE: in a transaction, or the plan settings (SET LOCAL) would end with their own
+        # statement in autocommit.
+        with conn.transaction():
+            conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
+            rows = conn.execute(job_q.JOB_LIST_FOR_PROMPT_PAGE, {
+                **scope, "before_at": before_at, "before_id": before_id,
+                "limit": page.limit + 1, "max_bytes": page.max_bytes}).fetchall()
+            latest = conn.execute(job_q.JOB_GET_LATEST_RESPONSE_ID_FOR_PROMPT, scope).fetchone()
         response = None
         if latest is not None:
             response = conn.execute(entity_q.ENTITY_GET,
                                     {**scope, "id": latest["response_id"]}).fetchone()
+        return prompt, rows, response
+
+    prompt, rows, response = reconnecting(pool, read_page)
     read = rows[0]["read"] if rows else 0
     jobs = [{k: v for k, v in row.items() if k != "read"} for row in rows[:page.limit]]
     has_more = read > len(jobs)
@@ -173,10 +182,11 @@ def recent_changes(
             last_event[event["prompt_id"]] = event["id"]
         rows: list[Row] = []
         if last_event:
-            conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
-            rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
-                "org_id": caller.org_id, "prompt_ids": list(last_event),
-                "text_chars": text_chars, "max_bytes": max_bytes}).fetchall()
+            with conn.transaction():
+                conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
+                rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
+                    "org_id": caller.org_id, "prompt_ids": list(last_event),
+                    "text_chars": text_chars, "max_bytes": max_bytes}).fetchall()
     items = [{k: v for k, v in row.items() if k != "read"} for row in rows]
     if rows and rows[0]["read"] > len(rows):
         return {"as_of": as_of, "items": items,
