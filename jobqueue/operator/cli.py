@@ -76,11 +76,16 @@ def _report_timeouts(worker: Worker, settings: Settings) -> None:
     is declared): the server's settings for the role and database, which may be none."""
     if settings.sends_timeouts or settings.pooler == "none":
         return
-    with worker.pool.connection() as conn:
-        found = conn.execute(SESSION_TIMEOUTS).fetchone() or {}
+    log = structlog.get_logger(__name__)
+    try:
+        with worker.pool.connection() as conn:
+            found = conn.execute(SESSION_TIMEOUTS).fetchone() or {}
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        # NOTE: a report only: a server that is restarting while the worker starts must not stop it.
+        log.warning("worker.database_timeouts_unknown", pooler=settings.pooler, error=redact(str(exc)))
+        return
     wanted = {"statement_timeout": settings.statement_timeout, "lock_timeout": settings.lock_timeout}
     missing = [name for name, seconds in wanted.items() if seconds > 0 and found.get(name) == "0"]
-    log = structlog.get_logger(__name__)
     log.info("worker.database_timeouts", pooler=settings.pooler, source="the role's and database's settings",
              **found)
     if missing:
