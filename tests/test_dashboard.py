@@ -128,8 +128,15 @@ def test_every_panel_answers_and_counts_are_summed_across_the_web_and_the_worker
     # NOTE: the web's own target alone has none of the worker's counts (why the sum matters).
     web_only = totals.replace('instance=~".*|.*"', 'job="sa-core-web"')
     assert _total(prometheus, web_only, from_state="running", to_state="succeeded") == 0
-    # NOTE: every panel's query, as Grafana sends it with "All" chosen, is valid and has data.
-    for title, expr in _expressions():
-        live = expr.replace("$web_instance", ".*").replace("$worker_instance", ".*").replace(
-            "$__rate_interval", "1m")
-        assert _query(prometheus, live), f"panel {title!r} has no data: {live}"
+    # NOTE: every panel's query, as Grafana sends it with "All" chosen, is valid and has data; a
+    # rate needs two scrapes of its series, and a counter's series starts at its first count.
+    def empty_panels() -> list[str]:
+        return [f"{title!r}: {live}" for title, live in (
+            (title, expr.replace("$web_instance", ".*").replace("$worker_instance", ".*")
+             .replace("$__rate_interval", "1m")) for title, expr in _expressions())
+            if not _query(prometheus, live)]
+
+    try:
+        wait_for(lambda: not empty_panels(), timeout=30, interval=0.5)
+    except AssertionError:
+        raise AssertionError(f"panels with no data: {empty_panels()}") from None
