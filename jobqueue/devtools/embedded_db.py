@@ -79,6 +79,12 @@ def start_embedded(data_dir: Path | None = None) -> str:
             "user (it makes each parent of its data and binaries readable by all); run as another "
             "user, set XDG_DATA_HOME to a folder outside private ones, or export DATABASE_URL "
             "for a database of yours")
+    if os.geteuid() == 0:
+        # NOTE: as root it creates its system user with `useradd`, which lives in an sbin folder
+        # that a plain PATH (a container's, a cron job's) may not name.
+        path = os.environ.get("PATH", "")
+        missing = [d for d in ("/usr/sbin", "/sbin") if d not in path.split(os.pathsep)]
+        os.environ["PATH"] = os.pathsep.join([path, *missing]) if path else os.pathsep.join(missing)
     server = get_server(data_dir, cleanup_mode="stop")
     return str(server.get_uri("postgres"))
 
