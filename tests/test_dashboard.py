@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,16 +20,12 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.helpers import wait_for
+from tests.helpers import require_tool, wait_for
 from tests.hosts import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "ops" / "grafana" / "dashboard.json"
 BIN = Path(sys.executable).parent
-
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
-                                reason="prometheus is not installed (apt-get install prometheus)")
-
 
 def _expressions() -> list[tuple[str, str]]:
     dashboard = json.loads(DASHBOARD.read_text())
@@ -50,6 +45,7 @@ def scraped(database_url: str,
             tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
     """A Prometheus scraping a running `sa-core dev` every second; yields its URL and the pasted
     environment of the dev's export line."""
+    prometheus_bin = require_tool("prometheus", "apt-get install prometheus")
     name = f"sa_dash_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
@@ -70,7 +66,7 @@ scrape_configs:
     static_configs: [{{targets: ["127.0.0.1:{metrics_port}"]}}]
 """)
     prometheus = subprocess.Popen(
-        ["prometheus", f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
+        [prometheus_bin, f"--config.file={root / 'prometheus.yml'}", f"--storage.tsdb.path={root / 'data'}",
          f"--web.listen-address=127.0.0.1:{prometheus_port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, process_group=0)
     try:
