@@ -20,8 +20,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from tests.helpers import require_tool, wait_for
-from tests.hosts import free_port
+from tests.helpers import free_port, require_tool, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "ops" / "grafana" / "dashboard.json"
