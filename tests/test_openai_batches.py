@@ -169,6 +169,26 @@ def test_the_bulk_lane_feeds_lines_in_as_room_appears(
     assert max(in_flight) == 2
 
 
+def test_request_counts_move_as_lines_finish_while_the_batch_runs(
+        base: str, auth: dict[str, str], settings: Settings,
+        pool: ConnectionPool[DictConnection], workers: WorkerHarness) -> None:
+    client = _client(base, auth)
+    lines = [_line("a", "quick one"), _line("b", "quick two"), _line("no", "no [fake:400]"),
+             _line("slow", "slow one [fake:latency=3]")]
+    workers.start(listen=True, poll_interval=600)
+    with running_keeper(settings, pool):
+        batch = client.batches.create(input_file_id=_upload(client, lines),
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        # NOTE: what a client polling the batch sees while its slow line still runs.
+        running = wait_for(lambda: (b := client.batches.retrieve(batch.id)).request_counts
+                           and (b.request_counts.completed, b.request_counts.failed) == (2, 1)
+                           and b, timeout=20, interval=0.1)
+        assert running.status == "in_progress" and running.request_counts.total == 4
+        done = _finished(client, batch.id)
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (3, 1)
+
+
 def test_a_cancelled_batch_ends_its_queued_lines_and_reports_them(
         base: str, auth: dict[str, str], settings: Settings,
         pool: ConnectionPool[DictConnection]) -> None:
