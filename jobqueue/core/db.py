@@ -15,6 +15,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.dbcheck import check_connection
+from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 
 __all__ = ["SESSION_SETTINGS", "DictConnection", "borrow", "open_pool", "reconnecting", "terminated"]
 
@@ -162,6 +163,25 @@ def borrow(db: ConnectionPool[DictConnection] | DictConnection) -> Iterator[Dict
             yield conn
     else:
         yield db
+
+
+def delete_in_pages(db: ConnectionPool[DictConnection] | DictConnection, statement: str,
+                    params: dict[str, float], *, page: int, statement_timeout: float) -> int:
+    """Runs a delete of at most `page` rows (its `limit`) until a short page; returns the rows.
+
+    Each page is its own short transaction under `statement_timeout`, so a large backlog never
+    holds locks or a snapshot for long.
+    """
+    timeout = {"timeout_ms": str(max(1, round(statement_timeout * 1000)))}
+    deleted = 0
+    with borrow(db) as conn:
+        while True:
+            with conn.transaction():
+                conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
+                cur = conn.execute(statement, {**params, "limit": page})
+            deleted += cur.rowcount
+            if cur.rowcount < page:
+                return deleted
 
 
 def terminated(conn: DictConnection, exc: psycopg.OperationalError) -> bool:

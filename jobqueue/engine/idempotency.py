@@ -15,9 +15,8 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core.db import DictConnection, borrow
+from jobqueue.core.db import DictConnection, delete_in_pages
 from jobqueue.core.queries import idempotency as q
-from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 from jobqueue.core.settings import KEY_TTL_SECONDS
 
 __all__ = ["MAX_KEY_LENGTH", "prune_expired_keys", "request_fingerprint"]
@@ -78,14 +77,5 @@ def prune_expired_keys(
     """
     if older_than < KEY_TTL_SECONDS:
         raise ValueError(f"older_than must be at least {KEY_TTL_SECONDS} s, got {older_than!r}")
-    timeout = {"timeout_ms": str(max(1, round(statement_timeout * 1000)))}
-    deleted = 0
-    with borrow(db) as conn:
-        while True:
-            with conn.transaction():
-                conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
-                cur = conn.execute(q.IDEMPOTENCY_KEY_DELETE_EXPIRED_MANY,
-                                   {"ttl": older_than, "limit": page})
-            deleted += cur.rowcount
-            if cur.rowcount < page:
-                return deleted
+    return delete_in_pages(db, q.IDEMPOTENCY_KEY_DELETE_EXPIRED_MANY, {"ttl": older_than},
+                           page=page, statement_timeout=statement_timeout)

@@ -14,10 +14,9 @@ from datetime import UTC, datetime, timedelta
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core.db import DictConnection, borrow
+from jobqueue.core.db import DictConnection, delete_in_pages
 from jobqueue.core.queries.batch import BATCH_DELETE_FINISHED_MANY
 from jobqueue.core.queries.file import FILE_DELETE_EXPIRED_MANY
-from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.engine.idempotency import prune_expired_keys
 from jobqueue.runtime.archive import ArchiveCursor, Archiver
@@ -133,12 +132,12 @@ class Retention:
         if cfg.idempotency_key_retention > 0:
             pruned = prune_expired_keys(db, cfg.idempotency_key_retention,
                                         statement_timeout=cfg.statement_timeout)
-        files = _delete_pages(db, FILE_DELETE_EXPIRED_MANY, {"abandoned": _ABANDONED_UPLOAD},
-                              cfg.statement_timeout)
+        files = delete_in_pages(db, FILE_DELETE_EXPIRED_MANY, {"abandoned": _ABANDONED_UPLOAD},
+                                page=_DELETE_PAGE, statement_timeout=cfg.statement_timeout)
         batches = 0
         if cfg.batch_retention > 0:
-            batches = _delete_pages(db, BATCH_DELETE_FINISHED_MANY, {"age": cfg.batch_retention},
-                                    cfg.statement_timeout)
+            batches = delete_in_pages(db, BATCH_DELETE_FINISHED_MANY, {"age": cfg.batch_retention},
+                                      page=_DELETE_PAGE, statement_timeout=cfg.statement_timeout)
         if archived or pruned or files or batches:
             log.info("retention.finished", archived_jobs=archived, pruned_keys=pruned, more=more,
                      removed_files=files, removed_batches=batches)
@@ -150,18 +149,3 @@ _ABANDONED_UPLOAD = 86400.0
 """Seconds after which an upload never completed (its web process died) is removed."""
 
 _DELETE_PAGE = 100
-
-
-def _delete_pages(db: ConnectionPool[DictConnection] | DictConnection, statement: str,
-                  params: dict[str, float], statement_timeout: float) -> int:
-    """Runs a paged delete (`limit` rows a statement) until a short page; returns the rows."""
-    timeout = {"timeout_ms": str(max(1, round(statement_timeout * 1000)))}
-    deleted = 0
-    with borrow(db) as conn:
-        while True:
-            with conn.transaction():
-                conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
-                cur = conn.execute(statement, {**params, "limit": _DELETE_PAGE})
-            deleted += cur.rowcount
-            if cur.rowcount < _DELETE_PAGE:
-                return deleted
