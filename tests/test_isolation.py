@@ -1,5 +1,5 @@
 """One bad row never stops the others: a job no statement can write (here a test-only trigger raises
-for it) is quarantined, while the rest of its finalize batch, its heartbeat, its reclaim page and
+for it) is quarantined, while the rest of its finalize batch, its heartbeat, its reclaim page, its archive run and
 other orgs' jobs go through, and an operator's cancel-job still works."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
+from jobqueue.runtime.archive import Archiver
 from jobqueue.runtime.maintenance import MaintenanceLeader
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, wait_for
 
@@ -172,3 +173,39 @@ def test_a_shutdown_releases_every_job_but_the_one_it_cannot_write(
     rows = fetch_all(pool, "SELECT id, state FROM sa_job WHERE id = ANY(%s)", [j.id for j in jobs])
     assert {r["id"]: r["state"] for r in rows} == {
         jobs[0].id: "running", jobs[1].id: "queued", jobs[2].id: "queued"}
+
+
+def test_an_archive_run_moves_every_family_but_the_one_it_cannot_move(
+    pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    jobs = claimed(pool, [caller, caller, OTHER, OTHER], "w1")
+    call = finalize.CallRecord(model="m", latency_ms=5, http_status=200)
+    finalize.finish(pool, [finalize.succeeded(job, "answer", call) for job in jobs])
+    stuck = jobs[2].id
+    with pool.connection() as conn:
+        conn.execute("""
+            CREATE TABLE test_undeletable_ids (id uuid PRIMARY KEY);
+            CREATE FUNCTION test_undeletable() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM test_undeletable_ids WHERE id = OLD.id) THEN
+                    RAISE EXCEPTION 'job % cannot be moved', OLD.id;
+                END IF;
+                RETURN OLD;
+            END;
+            $$;
+            CREATE TRIGGER test_undeletable BEFORE DELETE ON sa_job
+                FOR EACH ROW EXECUTE FUNCTION test_undeletable()""")
+        conn.execute("INSERT INTO test_undeletable_ids (id) VALUES (%s)", (stuck,))
+    try:
+        cutoff = fetch_one(pool, "SELECT now() + interval '1 minute' AS t")["t"]
+        moved = Archiver(pool, Archiver.Config(batch_size=100, statement_timeout=5.0)).run_once(cutoff)
+    finally:
+        with pool.connection() as conn:
+            conn.execute("DROP TRIGGER test_undeletable ON sa_job; DROP FUNCTION test_undeletable(); "
+                         "DROP TABLE test_undeletable_ids")
+    assert moved.jobs == 3
+    assert [r["id"] for r in fetch_all(pool, "SELECT id FROM sa_job")] == [stuck]
+    assert {r["id"] for r in fetch_all(pool, "SELECT id FROM sa_job_archive")} == {
+        job.id for job in jobs} - {stuck}
+    # NOTE: the family left behind moves on a later run once its cause is mended.
+    assert Archiver(pool).run_once(cutoff).jobs == 1
