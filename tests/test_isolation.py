@@ -1,6 +1,6 @@
 """One bad row never stops the others: a job no statement can write (here a test-only trigger raises
-for it) is quarantined, while the rest of its finalize batch, its heartbeat, its reclaim page, its archive run and
-other orgs' jobs go through, and an operator's cancel-job still works."""
+for it) is quarantined, while the rest of its finalize batch, its heartbeat, its reclaim page, its
+archive run and other orgs' jobs go through, and an operator's cancel-job still works."""
 
 from __future__ import annotations
 
