@@ -209,3 +209,18 @@ def test_an_archive_run_moves_every_family_but_the_one_it_cannot_move(
         job.id for job in jobs} - {stuck}
     # NOTE: the family left behind moves on a later run once its cause is mended.
     assert Archiver(pool).run_once(cutoff).jobs == 1
+
+
+def test_a_chain_that_cannot_be_settled_never_holds_back_another_orgs_chain(
+    pool: ConnectionPool[DictConnection], caller: Caller, poison: Callable[[uuid.UUID], None],
+) -> None:
+    roots = claimed(pool, [caller, OTHER], "w1")
+    ours = [enqueue(pool, caller, f"after ours {n}", after=roots[0].id).job_id for n in range(2)]
+    theirs = [enqueue(pool, OTHER, f"after theirs {n}", after=roots[1].id).job_id for n in range(2)]
+    poison(ours[1])
+    call = finalize.CallRecord(model="m", latency_ms=5, http_status=200)
+    finalize.finish(pool, [finalize.succeeded(job, "answer", call) for job in roots])
+    waiting = {r["id"]: r["waiting"] for r in fetch_all(pool, "SELECT id, waiting FROM sa_job")}
+    assert [waiting[j] for j in theirs] == [False, False]
+    # NOTE: our chain is settled as one statement: it waits, whole, until its cause is mended.
+    assert [waiting[j] for j in ours] == [True, True]
