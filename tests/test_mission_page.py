@@ -256,7 +256,8 @@ def test_a_reply_typed_from_the_keyboard_continues_the_thread_and_the_thread_vie
     reply = f"reply {uuid.uuid4().hex[:6]}"
     focused.send_keys(reply, Keys.CONTROL, Keys.ENTER)
     done = drop_in(page, reply, "succeeded")
-    assert done["response"] == f"echo[2]: user:{root} | user:{reply}", "the reply ran in its thread"
+    assert done["response"] == f"echo[3]: user:{root} | assistant:echo[1]: user:{root} | user:{reply}", (
+        "the reply ran in its thread, the root's answer included")
     click(page, reply, "Thread")
     thread = until(page, lambda d: _visible(d, "thread"))
     assert page.switch_to.active_element == thread

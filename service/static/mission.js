@@ -94,15 +94,24 @@ function place(li, item) {
   field.append(li);
 }
 
+// NOTE: a reply continues its parent's answer (parent_id is the response's id), so that the model
+// sees that answer; a prompt sent through the API may name the prompt itself.
 function childrenOf(promptId) {
-  return [...items.values()].filter((i) => i.parent_id === promptId);
+  const parent = items.get(promptId);
+  const answer = parent && parent.response_id;
+  return [...items.values()].filter((i) => i.parent_id === promptId || (answer && i.parent_id === answer));
+}
+
+function itemOf(id) {
+  return items.get(id) || [...items.values()].find((i) => i.response_id === id);
 }
 
 function merge(item) {
   const before = items.get(item.prompt_id);
   items.set(item.prompt_id, { ...before, ...item });
   renderDrop(items.get(item.prompt_id));
-  if (item.parent_id && items.has(item.parent_id)) renderDrop(items.get(item.parent_id));
+  const parent = item.parent_id && itemOf(item.parent_id);
+  if (parent) renderDrop(parent);
   if (before && before.state !== item.state) {
     announce(`“${short(item.text, 40)}” is now ${item.state}${item.error_kind ? ` (${item.error_kind})` : ""}.`);
   }
@@ -217,7 +226,7 @@ async function retry(item) {
 
 function continueThread(item) {
   $("parent-row").hidden = false;
-  $("parent-row").dataset.parentId = item.prompt_id;
+  $("parent-row").dataset.parentId = item.response_id || item.prompt_id;
   $("parent-label").textContent = short(item.text, 50);
   $("text").focus();
 }
@@ -256,10 +265,13 @@ async function ancestors(promptId) {
   const chain = [];
   let id = promptId;
   while (id) {
-    let item = items.get(id);
+    let item = itemOf(id);
     if (!item) {
-      // NOTE: a parent older than the page's log (archived, or another user's) is read once.
+      // NOTE: a parent older than the page's log (archived, or another user's) is read once; a
+      // response leads to its prompt.
       try {
+        const answer = await api("GET", `/responses/${id}`).catch(() => null);
+        if (answer) id = answer.parent_id;
         const found = await api("GET", `/prompts/${id}`);
         const job = found.jobs[0] || {};
         item = { prompt_id: id, parent_id: found.prompt.parent_id, text: found.prompt.content,
