@@ -35,7 +35,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.helpers import REPO, free_port, require_tool
+from tests.helpers import REPO, fetch_one, free_port, require_tool
 from tests.processes import gunicorn
 
 API = "/sa-core/v1"
@@ -272,6 +272,23 @@ def test_a_reply_typed_from_the_keyboard_continues_the_thread_and_the_thread_vie
             "return document.documentElement.scrollWidth <= window.innerWidth"), "no sideways scroll"
     finally:
         page.set_window_size(1280, 900)
+
+
+def test_two_clicks_on_send_make_one_prompt(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    text = f"once {uuid.uuid4().hex[:6]}"
+    page.find_element(By.ID, "text").send_keys(text)
+    page.execute_script("const send = document.querySelector('#compose button[type=submit]');"
+                        "send.click(); send.click();")
+    drop_in(page, text, "succeeded")
+    sent = fetch_one(mission_pool, "SELECT count(*) AS n FROM sa_entity "
+                                   "WHERE kind = 'prompt' AND org_id = %s AND content = %s",
+                     viewer.org_id, text)
+    assert sent["n"] == 1
+    assert page.find_element(By.CSS_SELECTOR, "#compose button[type=submit]").is_enabled()
 
 
 def test_a_failed_prompt_shows_the_retry_chip_and_a_retry_succeeds(

@@ -13,11 +13,14 @@ export class HttpError extends Error {
   }
 }
 
-export async function api(method, path, { token, body } = {}) {
-  const headers = { Accept: "application/json" };
+// NOTE: every call gives up after `timeoutMs` (a TimeoutError), so a server that stopped answering
+// is shown instead of leaving a button waiting for ever.
+export async function api(method, path, { token, body, headers: extra = {}, timeoutMs = 20000 } = {}) {
+  const headers = { Accept: "application/json", ...extra };
   if (token) headers.Authorization = `Bearer ${token}`;
   if (method !== "GET") headers["X-SA-Session"] = "1";
-  const init = { method, headers, credentials: "same-origin", cache: "no-store" };
+  const init = { method, headers, credentials: "same-origin", cache: "no-store",
+                 signal: AbortSignal.timeout(timeoutMs) };
   if (body !== undefined) {
     headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);

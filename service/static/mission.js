@@ -236,16 +236,37 @@ function clearParent() {
   delete $("parent-row").dataset.parentId;
 }
 
+// NOTE: the submission in flight, or the last one that got no answer: sending the same text again
+// reuses its Idempotency-Key, so a click repeated after a timeout never makes a second prompt.
+let draft = null;
+let sending = false;
+
+function newKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16));
+  return `mission-${[...bytes].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+}
+
+function setSending(on) {
+  sending = on;
+  const button = $("compose").querySelector("button[type=submit]");
+  button.disabled = on;
+  button.textContent = on ? "Sending…" : "Send";
+}
+
 async function submit(event) {
   event.preventDefault();
+  if (sending) return;
   const text = $("text").value;
   if (!text.trim()) return;
   const body = { text };
   const parent = $("parent-row").dataset.parentId;
   if (parent) body.parent_id = parent;
+  if (!draft || draft.text !== text || draft.parent !== parent) draft = { text, parent, key: newKey() };
   $("compose-error").textContent = "";
+  setSending(true);
   try {
-    const done = await api("POST", "/prompt", { body });
+    const done = await api("POST", "/prompt", { body, headers: { "Idempotency-Key": draft.key } });
+    draft = null;
     $("text").value = "";
     clearParent();
     if (!items.has(done.prompt_id)) {
@@ -255,7 +276,12 @@ async function submit(event) {
     announce(`Sent: “${short(text, 40)}” is queued.`);
     sync().catch(failed);
   } catch (err) {
-    if (!failed(err)) $("compose-error").textContent = `Not sent: ${err.message}`;
+    if (failed(err)) return;
+    $("compose-error").textContent = err.name === "TimeoutError"
+      ? "No answer from the server yet: send again (it will not be sent twice)."
+      : `Not sent: ${err.message}`;
+  } finally {
+    setSending(false);
   }
 }
 
