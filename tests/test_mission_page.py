@@ -425,6 +425,45 @@ def test_the_page_falls_back_to_polling_when_the_web_stops_and_converges_when_it
         drop_in(page, again, "succeeded")
 
 
+def _web_processes(port: int) -> list[int]:
+    """The gunicorn master and worker serving `port` (both carry its PORT in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if (entry.name.isdigit() and b"gunicorn" in (entry / "cmdline").read_bytes()
+                    and f"PORT={port}".encode() in (entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+def test_a_frozen_server_is_shown_as_unreachable_and_the_page_goes_live_when_it_thaws(
+    page: WebDriver, mission_settings: Settings, mission_pool: ConnectionPool[DictConnection],
+    tmp_path: Path, web: str,
+) -> None:
+    port = free_port()
+    with gunicorn(mission_settings, tmp_path, port=port, **WEB_ENV) as base:
+        viewer = Viewer(mission_pool, base)
+        viewer.sign_in(page)
+        until(page, lambda d: connection(d) == "live")
+        frozen = _web_processes(port)
+        assert len(frozen) == 2, frozen
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            # NOTE: the stream's socket stays open, so only the page's own probe can tell.
+            until(page, lambda d: connection(d) != "live"
+                  and d.find_element(By.ID, "conn").get_attribute("data-reachable") == "false")
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        until(page, lambda d: connection(d) == "live")
+        text = f"after the thaw {uuid.uuid4().hex[:6]}"
+        viewer.submit(text)
+        drop_in(page, text, "succeeded")
+
+
 def test_a_page_refused_its_stream_converges_by_polling_and_goes_live_once_a_stream_is_free(
     page: WebDriver, mission_settings: Settings, mission_pool: ConnectionPool[DictConnection],
     tmp_path: Path, web: str,

@@ -9,6 +9,7 @@ import { $, API, announce, api, el, setConnection, setupSession } from "./api.js
 
 const POLL_MS = 2000;
 const STREAM_RETRY_MS = 5000;
+const WATCH_MS = 4000;
 const ACTIVE = new Set(["queued", "running"]);
 const STATE_CLASS = {
   queued: "is-queued", running: "is-pending", succeeded: "is-settled", failed: "is-orphan",
@@ -203,6 +204,26 @@ function stopPolling() {
   pollTimer = null;
 }
 
+// NOTE: an EventSource never shows the server's keepalive comments, so a server that stopped
+// answering (frozen, or behind a network that drops packets silently) would look live for ever.
+// While live, a cheap probe every WATCH_MS says whether it still answers; when it does not, the
+// page says so and polls, and the poll loop opens a fresh stream once the server is back.
+function watchServer() {
+  setInterval(async () => {
+    if (pollTimer !== null || stream === null) return;
+    try {
+      const probe = await fetch("/healthz", { cache: "no-store", signal: AbortSignal.timeout(WATCH_MS) });
+      if (probe.ok) return;
+    } catch {
+      // no answer in time
+    }
+    if (pollTimer !== null) return;
+    closeStream();
+    setConnection("connecting", false);
+    startPolling();
+  }, WATCH_MS);
+}
+
 // ---- actions --------------------------------------------------------------------------------
 
 async function cancel(item) {
@@ -361,6 +382,7 @@ async function begin() {
     if (failed(err)) return;
   }
   openStream();
+  watchServer();
 }
 
 $("compose").addEventListener("submit", submit);
