@@ -322,11 +322,29 @@ def test_cancel_a_queued_prompt(
     drop_in(page, text, "queued")
     click(page, text, "Cancel")
     cancelled = drop_in(page, text, "cancelled")
-    assert cancelled["buttons"] == [] and cancelled["response"] is None
-    for job_id in blockers:
-        viewer.cancel(job_id)
+    assert cancelled["buttons"] == ["Retry"] and cancelled["response"] is None
     job = httpx.get(f"{web}{API}/prompts/{cancelled['prompt_id']}", headers=viewer.headers).json()
     assert [j["state"] for j in job["jobs"]] == ["cancelled"]
+    for job_id in blockers:
+        viewer.cancel(job_id)
+    # NOTE: a cancelled prompt can be run again, as the API allows.
+    click(page, text, "Retry")
+    drop_in(page, text, "succeeded")
+    job = httpx.get(f"{web}{API}/prompts/{cancelled['prompt_id']}", headers=viewer.headers).json()
+    assert [j["state"] for j in job["jobs"]] == ["succeeded", "superseded"]
+
+
+def test_a_running_retry_shows_no_error_from_the_attempt_before(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    text = f"unavailable once {uuid.uuid4().hex[:6]} [fake:flaky=1] [fake:latency=2]"
+    compose(page, text)
+    second = until(page, lambda d: (x := drop(d, text)) and x["state"] == "running"
+                   and x["attempts"] and x["attempts"].startswith("attempt 2") and x)
+    assert second["error"] is None
+    drop_in(page, text, "succeeded")
 
 
 def test_closing_the_page_during_a_slow_prompt_and_reopening_it_shows_the_result(

@@ -56,7 +56,7 @@ function renderDrop(item) {
     actions.append(el("button", { type: "button", class: "cancel", text: "Cancel",
       "aria-label": `Cancel “${short(item.text, 30)}”`, onclick: () => cancel(item) }));
   }
-  if (item.state === "failed") {
+  if (item.state === "failed" || item.state === "cancelled") {
     actions.append(el("button", { type: "button", class: "retry chip", text: "Retry",
       "aria-label": `Retry “${short(item.text, 30)}”`, onclick: () => retry(item) }));
   }
@@ -68,7 +68,8 @@ function renderDrop(item) {
     actions.append(el("button", { type: "button", class: "thread-open quiet", text: "Thread",
       onclick: () => showThread(item.prompt_id) }));
   }
-  const error = item.error_kind && item.state !== "succeeded"
+  // NOTE: a running attempt shows no error: the one kept in the item belongs to an earlier attempt.
+  const error = item.error_kind && item.state !== "succeeded" && item.state !== "running"
     ? el("p", { class: "error-text" }, el("strong", { text: item.error_kind }),
       item.error_message ? `: ${item.error_message}` : "")
     : null;
