@@ -32,7 +32,7 @@ each one once it has committed.
   JOB_REARM_DEPENDENTS; ended by the retried job's end, never re-armed before.
 
 A batch statement that fails on one row is split around it (`isolation.write_isolated`), and a
-row no statement can write is set aside (`quarantine.set_aside`). A batch's steps run in
+row no statement can write is set aside (`quarantine.set_aside`). A Batch API batch's steps run in
 `batch_progress.step`, which records their transitions once the step commits; the runtime's
 batch keeper only decides which step a batch takes next.
 """
