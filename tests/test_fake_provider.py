@@ -190,15 +190,15 @@ def test_config_validation_and_cli_arguments() -> None:
 
 
 def test_every_marker_and_option_is_in_the_fake_providers_page() -> None:
-    # NOTE: the module's docstring sits beside the code that parses the markers; the page is
+    # NOTE: the markers' module docstring sits beside the code that parses them; the page is
     # what a newcomer reads (docs/fake-provider.md), so it may not fall behind.
     import re
     from pathlib import Path
 
-    from jobqueue.devtools import fake_provider
+    from jobqueue.devtools import fake_markers
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "fake-provider.md").read_text()
-    markers = set(re.findall(r"\[fake:([a-z0-9-]+)", fake_provider.__doc__ or ""))
+    markers = set(re.findall(r"\[fake:([a-z0-9-]+)", fake_markers.__doc__ or ""))
     assert {"latency", "hang", "429", "flaky", "stream-cut"} <= markers
     assert sorted(m for m in markers if f"[fake:{m}" not in page) == []
     parser = argparse.ArgumentParser()

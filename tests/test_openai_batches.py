@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from psycopg_pool import ConnectionPool
@@ -20,6 +21,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.runtime.batch_keeper import BatchCounts, BatchKeeper
 from jobqueue.runtime.retention import Retention
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, running_keeper, serve_app, wait_for
+from tests.metrics_page import Samples, parse, value
 
 
 @pytest.fixture
@@ -207,6 +209,48 @@ def test_a_cancelled_batch_ends_its_queued_lines_and_reports_them(
     assert {line["error"]["code"] for line in errors.values()} == {"batch_cancelled"}
     assert {r["state"] for r in fetch_all(pool, "SELECT state FROM sa_job")} == {"cancelled"}
 
+
+def _samples(base: str) -> Samples:
+    result = httpx.get(f"{base}/metrics")
+    assert result.status_code == 200, result.text
+    return parse(result.text)
+
+
+def test_a_batchs_feed_and_cancel_are_counted_and_settle_the_chains_waiting_on_it(
+        base: str, auth: dict[str, str], settings: Settings,
+        pool: ConnectionPool[DictConnection]) -> None:
+    """The engine records both batch transitions, and a cancel settles its chains at once: no
+    maintenance leader runs here, so no sweep could have ended the dependent."""
+    client = _client(base, auth)
+    input_id = _upload(client, [_line(f"d{n}", f"later {n}") for n in range(5)])
+    start = _samples(base)
+
+    def delta(samples: Samples, name: str, **labels: str) -> float:
+        return value(samples, name, **labels) - value(start, name, **labels)
+
+    with running_keeper(replace(settings, batch_max_queued=3), pool):
+        batch = client.batches.create(input_file_id=input_id, endpoint="/v1/chat/completions",
+                                      completion_window="24h")
+        wait_for(lambda: fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"] == 3)
+        fed = _samples(base)
+        assert delta(fed, "sa_job_transitions_total", from_state="none", to_state="queued") == 3
+        assert delta(fed, "sa_jobs_enqueued_total") == 3
+        predecessor = fetch_one(pool, "SELECT id FROM sa_job ORDER BY created_at LIMIT 1")["id"]
+        waiting = httpx.post(f"{base}/sa-core/v1/prompt", headers=auth,
+                             json={"text": "after a batch line", "after": str(predecessor)})
+        assert waiting.status_code == 202, waiting.text
+        client.batches.cancel(batch.id)
+        _finished(client, batch.id, "cancelled")
+    dependent = fetch_one(pool, "SELECT state, error_kind FROM sa_job WHERE id = %s",
+                          waiting.json()["job_id"])
+    assert (dependent["state"], dependent["error_kind"]) == ("cancelled", "dependency_failed")
+    end = _samples(base)
+    assert delta(end, "sa_job_transitions_total", from_state="none", to_state="queued") == 4
+    # NOTE: the batch's three queued jobs, and the job waiting on one of them.
+    assert delta(end, "sa_job_transitions_total", from_state="queued", to_state="cancelled") == 4
+    assert delta(end, "sa_job_failures_total", error_kind="dependency_failed") == 1
+    events = fetch_one(pool, "SELECT count(*) AS n FROM sa_job_event WHERE to_state = 'cancelled'")
+    assert events["n"] == 4
 
 
 def test_at_the_windows_end_unfinished_lines_are_cancelled_and_finished_ones_returned(

@@ -7,6 +7,9 @@ each one once it has committed.
 
 - created -> queued: `enqueue.enqueue` / `enqueue_many`, PROMPT_INSERT_WITH_JOB(_MANY); parent,
   predecessor and chain depth of the caller's org, the org's queue cap, the idempotency key.
+- created -> queued, a batch's lines: `batch_progress.BatchStep.feed`, BATCH_FEED_MANY; the
+  batch locked under the keeper's lease, lines still pending, as many as the org's bulk lane
+  has room for (SA_BATCH_MAX_QUEUED, half of SA_ORG_MAX_QUEUED).
 - queued -> running: `claim.claim`, JOB_CLAIM_MANY(_ORG_CAPPED) or, around a row it cannot
   write, JOB_CLAIM_IDS; queued, not waiting, due, not quarantined, SKIP LOCKED.
 - running -> failed (options it cannot run): `claim.claim`, JOB_REJECT_MANY_IF_CLAIMED.
@@ -16,6 +19,9 @@ each one once it has committed.
 - running -> queued or failed when stale or stuck: `reclaim.Reclaimer`,
   JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE; still under the claim read, still stale at `as_of`.
 - queued or running -> cancelled: `control.cancel_job`, JOB_CANCEL_IF_ACTIVE; the caller's org.
+- queued or running -> cancelled, a batch's jobs: `batch_progress.BatchStep.cancel_jobs`,
+  BATCH_JOBS_CANCEL_MANY; the batch locked under the keeper's lease and cancelling (queued jobs)
+  or past its window (running ones too), each line still fed; their chains settled at once.
 - finished -> superseded, with a new queued job: `control.retry_job` / `retry_prompt`,
   JOB_RETRY_IF_FINISHED / JOB_RETRY_LATEST_FOR_PROMPT_IF_FINISHED; never superseded before.
 - waiting -> due (not a state change): `chains.settle`, JOB_RELEASE_DEPENDENTS_MANY; the
@@ -26,5 +32,7 @@ each one once it has committed.
   JOB_REARM_DEPENDENTS; ended by the retried job's end, never re-armed before.
 
 A batch statement that fails on one row is split around it (`isolation.write_isolated`), and a
-row no statement can write is set aside (`quarantine.set_aside`).
+row no statement can write is set aside (`quarantine.set_aside`). A Batch API batch's steps run in
+`batch_progress.step`, which records their transitions once the step commits; the runtime's
+batch keeper only decides which step a batch takes next.
 """

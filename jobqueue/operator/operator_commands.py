@@ -18,9 +18,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.states import JobState
-from jobqueue.operator.cli_pool import Answer, with_cli_pool
-from jobqueue.operator.durations import DURATION_FORMS, shift
-from jobqueue.operator.inspection import (
+from jobqueue.engine.inspection import (
     JobDetails,
     OrgFigures,
     QueueMetrics,
@@ -29,6 +27,8 @@ from jobqueue.operator.inspection import (
     queue_metrics,
     usage,
 )
+from jobqueue.operator.cli_pool import Answer, with_cli_pool
+from jobqueue.operator.durations import DURATION_FORMS, shift
 from jobqueue.runtime.archive import Archiver
 
 __all__ = ["add_operator_commands", "parse_instant"]

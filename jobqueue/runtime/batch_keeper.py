@@ -21,17 +21,14 @@ from typing import Any
 import structlog
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.queries import batch as q
-from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 from jobqueue.core.routes import Routes
 from jobqueue.core.settings import Settings
-from jobqueue.core.states import JobState
-from jobqueue.engine import transitions
+from jobqueue.engine import batch_progress
 from jobqueue.engine.batch_lines import LineRules, validate_slice
 from jobqueue.engine.batch_output import write_slice
-from jobqueue.engine.batch_progress import FeedRules, cancel_jobs, count_ended, end_pending, feed
+from jobqueue.engine.batch_progress import BatchStep, FeedRules
 
 __all__ = ["BatchCounts", "BatchKeeper"]
 
@@ -215,34 +212,35 @@ class BatchKeeper:
         return counts
 
     def _step(self, batch_id: uuid.UUID, lease: uuid.UUID) -> _Step | None:
-        timeout = {"timeout_ms": str(max(1, round(self.config.statement_timeout * 1000)))}
-        with self.pool.connection() as conn, conn.transaction():
-            conn.execute(MAINTENANCE_SET_STATEMENT_TIMEOUT, timeout)
-            batch = conn.execute(q.BATCH_LOCK_IF_LEASED, {"id": batch_id, "lease": lease}).fetchone()
-            if batch is None:
+        # NOTE: the engine's step records the jobs fed and cancelled, and settles the cancelled
+        # jobs' chains, once it has committed.
+        with batch_progress.step(self.pool, batch_id, lease,
+                                 statement_timeout=self.config.statement_timeout) as current:
+            if current is None:
                 return None
-            return self._advance(conn, batch)
+            return self._advance(current)
 
-    def _advance(self, conn: DictConnection, batch: Row) -> _Step:
+    def _advance(self, current: BatchStep) -> _Step:
         """One step for the batch as locked; its status says which."""
+        conn, batch = current.conn, current.batch
         status, cfg = batch["status"], self.config
         step = _Step()
         if status != "finalizing" and batch["expires_at"] <= batch["db_now"]:
-            return self._end(conn, batch, step, "expired")
+            return self._end(current, step, "expired")
         if status == "validating":
             read = validate_slice(conn, batch, cfg.lines, max_lines=cfg.slice_lines,
                                   max_bytes=cfg.slice_bytes)
             step.lines, step.status, step.more = read.lines, read.status, True
         elif status == "in_progress":
-            progress = count_ended(conn, batch)
+            progress = current.count_ended()
             step.ended = progress.ended
             if progress.backlog:
-                step.fed = feed(conn, batch, cfg.feed)
+                step.fed = current.feed(cfg.feed)
             elif progress.in_flight == 0:
                 conn.execute(q.BATCH_BEGIN_FINALIZING, {"id": batch["id"], "ends_as": "completed"})
                 step.status, step.more = "finalizing", True
         elif status == "cancelling":
-            return self._end(conn, batch, step, "cancelled")
+            return self._end(current, step, "cancelled")
         elif status == "finalizing":
             ttl = batch["output_ttl"] or cfg.file_ttl
             if write_slice(conn, batch, max_lines=cfg.slice_lines, ttl=ttl):
@@ -250,37 +248,27 @@ class BatchKeeper:
             step.more = True
         return step
 
-    def _end(self, conn: DictConnection, batch: Row, step: _Step, ends_as: str) -> _Step:
+    def _end(self, current: BatchStep, step: _Step, ends_as: str) -> _Step:
         """Ends what a cancel or the window's end leaves unfinished; finalizes once nothing runs."""
         reason = ("its batch's completion window ended" if ends_as == "expired"
                   else "its batch was cancelled")
-        step.cancelled = cancel_jobs(conn, batch, states=_ENDS[ends_as], ends_as=ends_as,
-                                     reason=reason)
-        ended_pending = end_pending(conn, batch, ends_as)
-        progress = count_ended(conn, batch)
+        step.cancelled = current.cancel_jobs(states=_ENDS[ends_as], ends_as=ends_as, reason=reason)
+        ended_pending = current.end_pending(ends_as)
+        progress = current.count_ended()
         step.ended = progress.ended
         if step.cancelled or ended_pending or progress.backlog:
             step.more = True
         elif progress.in_flight == 0:
-            conn.execute(q.BATCH_BEGIN_FINALIZING, {"id": batch["id"], "ends_as": ends_as})
+            current.conn.execute(q.BATCH_BEGIN_FINALIZING, {"id": current.batch["id"],
+                                                            "ends_as": ends_as})
             step.status, step.more = "finalizing", True
         return step
 
     def _report(self, batch: Row, step: _Step) -> None:
-        """After a step committed: its transitions, its wake-ups, its log line."""
-        ids = {"batch_id": str(batch["id"]), "org_id": batch["org_id"]}
-        sender = wakeup.for_pool(self.pool)
-        if step.fed:
-            sender.job_queued()
-            transitions.record("job.enqueued", None, JobState.QUEUED, count=step.fed,
-                               jobs=step.fed, user_id=batch["created_by"], **ids)
-        for job in step.cancelled:
-            transitions.record("job.cancelled", JobState(job["state"]), JobState.CANCELLED,
-                               job_id=str(job["id"]), prompt_id=str(job["prompt_id"]), **ids)
-        if step.cancelled or step.fed:
-            sender.job_changed()
+        """After a step committed (its job transitions recorded by the engine): its log line."""
         if step.status is not None:
-            log.info("batch.status", status=step.status, **ids)
+            log.info("batch.status", status=step.status, batch_id=str(batch["id"]),
+                     org_id=batch["org_id"])
 
 
 def _routable(routes: Routes) -> Callable[[str], bool]:

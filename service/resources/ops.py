@@ -1,7 +1,8 @@
 """/ops/: the operator view's data and actions, across orgs, for tokens with the `ops` scope.
 
 The scope is checked in service/auth.py (SCOPED_PREFIXES) before any of these runs. The reads
-are the CLI's own (`queue-metrics`, `list-jobs`), so the page and the CLI cannot disagree.
+are the CLI's own (`queue-metrics`, `list-jobs`, both in jobqueue/engine/inspection.py), so the
+page and the CLI cannot disagree.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.states import JobState
 from jobqueue.engine.control import cancel_job, retry_job
-from jobqueue.operator.inspection import list_jobs, queue_metrics
+from jobqueue.engine.inspection import list_jobs, queue_metrics
 from service.contract import parse_no_body
 
 __all__ = ["OPS_LIST_LIMIT", "OPS_WINDOW", "OpsCancel", "OpsOverview", "OpsRetry"]

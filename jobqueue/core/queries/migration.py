@@ -2,6 +2,8 @@
 
 __all__ = [
     "FUNCTION_AND_TRIGGER_LIST_OWN",
+    "FUNCTION_DECLARED_IN_SCRATCH",
+    "FUNCTION_SIGNATURE_LIST",
     "FUNCTION_SOURCE",
     "MIGRATION_CHECKSUM_FILL",
     "MIGRATION_CHECKSUM_LIST",
@@ -41,6 +43,23 @@ FUNCTION_SOURCE = """
 SELECT prosrc FROM pg_proc
  WHERE proname = %(name)s AND pronamespace = 'public'::regnamespace
 """
+
+# NOTE: every function of that name, overloads included, as Postgres prints its signature and
+# its settings (proconfig, `SET name = value` of the definition), so a file's declaration can be
+# compared with them in Postgres's own spelling (`timestamptz` reads `timestamp with time zone`).
+FUNCTION_SIGNATURE_LIST = """
+SELECT pg_get_function_arguments(p.oid) AS arguments, pg_get_function_result(p.oid) AS result,
+       coalesce(p.proconfig, '{}') AS settings
+  FROM pg_proc p
+ WHERE p.proname = %(name)s
+   AND p.pronamespace = CASE WHEN %(scratch)s THEN pg_my_temp_schema()
+                             ELSE 'public'::regnamespace END
+ ORDER BY 1
+"""
+
+# NOTE: inside a transaction the caller rolls back: a file's unqualified CREATE FUNCTION then
+# lands in the session's temporary schema, where its signature is read and thrown away.
+FUNCTION_DECLARED_IN_SCRATCH = "SET LOCAL search_path = pg_temp, public"
 
 TRIGGER_DEFINITION = """
 SELECT pg_get_triggerdef(t.oid)
