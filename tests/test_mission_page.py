@@ -10,6 +10,7 @@ org, so no test sees another's prompts (one checks exactly that).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -345,6 +346,88 @@ def test_a_running_retry_shows_no_error_from_the_attempt_before(
                    and x["attempts"] and x["attempts"].startswith("attempt 2") and x)
     assert second["error"] is None
     drop_in(page, text, "succeeded")
+
+
+def test_focus_stays_where_the_action_left_it(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    until(page, lambda d: d.switch_to.active_element.get_attribute("id") == "text")
+    blockers = occupy_worker(viewer)
+    text = f"focus {uuid.uuid4().hex[:6]}"
+    prompt_id = viewer.submit(text)["prompt_id"]
+    drop_in(page, text, "queued")
+    in_drop = f'#field .drop[data-prompt-id="{prompt_id}"]'
+    page.find_element(By.CSS_SELECTOR, f"{in_drop} button.cancel").click()
+    drop_in(page, text, "cancelled")
+    focused = page.switch_to.active_element
+    assert focused.get_attribute("data-prompt-id") == prompt_id, "the cancelled drop keeps the focus"
+    for job_id in blockers:
+        viewer.cancel(job_id)
+    page.find_element(By.CSS_SELECTOR, f"{in_drop} button.retry").click()
+    drop_in(page, text, "succeeded")
+    assert page.execute_script(
+        "return document.querySelector(arguments[0]).contains(document.activeElement)", in_drop)
+
+
+def _luminance(rgb: str) -> float:
+    channels = [int(c) / 255 for c in re.findall(r"\d+", rgb)[:3]]
+    linear = [c / 12.92 if c <= 0.03928 else ((c + 0.055) / 1.055) ** 2.4 for c in channels]
+    return 0.2126 * linear[0] + 0.7152 * linear[1] + 0.0722 * linear[2]
+
+
+def _contrast(a: str, b: str) -> float:
+    light, dark = sorted((_luminance(a), _luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
+def test_the_focus_ring_stands_out_and_each_drop_button_names_its_prompt(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    texts = [f"named {n} {uuid.uuid4().hex[:6]}" for n in range(2)]
+    for text in texts:
+        viewer.submit(text)
+    for text in texts:
+        drop_in(page, text, "succeeded")
+    names = page.execute_script("return [...document.querySelectorAll('#field button.continue')]"
+                                ".map((b) => b.getAttribute('aria-label'))")
+    assert len(names) >= 2 and len(set(names)) == len(names), names
+    # NOTE: Tab from the compose box, so that :focus-visible applies as for a keyboard user.
+    page.find_element(By.ID, "text").send_keys(Keys.TAB)
+    ring, page_bg, panel_bg = page.execute_script("""
+const style = getComputedStyle(document.activeElement);
+return [style.outlineStyle === 'none' ? null : style.outlineColor,
+        getComputedStyle(document.body).backgroundColor,
+        getComputedStyle(document.getElementById('compose')).backgroundColor];""")
+    assert ring is not None, "a focused control shows a ring"
+    assert min(_contrast(ring, page_bg), _contrast(ring, panel_bg)) >= 3, (ring, page_bg, panel_bg)
+
+
+def test_a_burst_of_prompts_is_announced_in_a_few_sentences(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    until(page, lambda d: connection(d) == "live")
+    page.execute_script("""
+window.announced = [];
+new MutationObserver(() => {
+  const text = document.getElementById('announcer').textContent;
+  if (text) window.announced.push(text);
+}).observe(document.getElementById('announcer'), {childList: true, characterData: true, subtree: true});""")
+    tag = uuid.uuid4().hex[:6]
+    answer = httpx.post(f"{web}{API}/prompts/batch", headers=viewer.headers, timeout=10,
+                        json={"prompts": [{"text": f"burst {tag} {n}"} for n in range(40)]})
+    assert answer.status_code == 202, answer.text
+    for n in range(40):
+        drop_in(page, f"burst {tag} {n}", "succeeded")
+    announced = until(page, lambda d: (said := d.execute_script("return window.announced"))
+                      and "succeeded" in said[-1] and said)
+    # NOTE: one announcement per state change was 80 for these 40 prompts.
+    assert len(announced) < 20, announced
 
 
 def test_closing_the_page_during_a_slow_prompt_and_reopening_it_shows_the_result(

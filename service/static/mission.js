@@ -10,6 +10,7 @@ import { $, API, announce, api, el, setConnection, setupSession } from "./api.js
 const POLL_MS = 2000;
 const STREAM_RETRY_MS = 5000;
 const WATCH_MS = 4000;
+const NEWS_MS = 1000;
 const ACTIVE = new Set(["queued", "running"]);
 const STATE_CLASS = {
   queued: "is-queued", running: "is-pending", succeeded: "is-settled", failed: "is-orphan",
@@ -62,17 +63,20 @@ function renderDrop(item) {
   }
   if (item.state === "succeeded") {
     actions.append(el("button", { type: "button", class: "continue quiet", text: "Continue",
-      onclick: () => continueThread(item) }));
+      "aria-label": `Continue “${short(item.text, 30)}”`, onclick: () => continueThread(item) }));
   }
   if (item.parent_id || childrenOf(item.prompt_id).length) {
     actions.append(el("button", { type: "button", class: "thread-open quiet", text: "Thread",
-      onclick: () => showThread(item.prompt_id) }));
+      "aria-label": `Thread of “${short(item.text, 30)}”`, onclick: () => showThread(item.prompt_id) }));
   }
   // NOTE: a running attempt shows no error: the one kept in the item belongs to an earlier attempt.
   const error = item.error_kind && item.state !== "succeeded" && item.state !== "running"
     ? el("p", { class: "error-text" }, el("strong", { text: item.error_kind }),
       item.error_message ? `: ${item.error_message}` : "")
     : null;
+  // NOTE: the drop is drawn anew; focus inside it stays there (on the same button when it is still
+  // offered, else on the drop), never falling back to <body>.
+  const focused = li.contains(document.activeElement) ? document.activeElement : null;
   li.replaceChildren(...[
     el("div", { class: "drop-head" },
       el("span", { class: "state", text: item.state }),
@@ -83,6 +87,10 @@ function renderDrop(item) {
     item.response_text ? el("p", { class: "response-text", text: item.response_text }) : null,
     error,
     actions].filter(Boolean));
+  if (focused && !li.contains(focused)) {
+    const same = focused.className && li.querySelector(`button.${focused.className.split(" ")[0]}`);
+    (same || li).focus();
+  }
   if (fresh) place(li, item);
   $("empty").hidden = drops.size > 0;
 }
@@ -114,10 +122,32 @@ function merge(item) {
   renderDrop(items.get(item.prompt_id));
   const parent = item.parent_id && itemOf(item.parent_id);
   if (parent) renderDrop(parent);
-  if (before && before.state !== item.state) {
-    announce(`“${short(item.text, 40)}” is now ${item.state}${item.error_kind ? ` (${item.error_kind})` : ""}.`);
-  }
+  if (before && before.state !== item.state) tell(items.get(item.prompt_id));
   if (threadOf) renderThread();
+}
+
+// NOTE: state changes are announced at most once a NEWS_MS, as one sentence: a burst of prompts
+// would otherwise queue dozens of announcements for a screen reader.
+const news = new Map();   // prompt_id -> item, the changes not yet announced
+let newsTimer = null;
+
+function tell(item) {
+  news.set(item.prompt_id, item);
+  if (newsTimer === null) newsTimer = setTimeout(flushNews, NEWS_MS);
+}
+
+function flushNews() {
+  newsTimer = null;
+  const changed = [...news.values()];
+  news.clear();
+  if (changed.length === 1) {
+    const [item] = changed;
+    announce(`“${short(item.text, 40)}” is now ${item.state}${item.error_kind ? ` (${item.error_kind})` : ""}.`);
+    return;
+  }
+  const counts = new Map();
+  for (const item of changed) counts.set(item.state, (counts.get(item.state) || 0) + 1);
+  announce(`${changed.length} prompts changed: ${[...counts].map(([state, n]) => `${n} ${state}`).join(", ")}.`);
 }
 
 // An event moves its drop before the page that confirms it arrives.
@@ -376,6 +406,7 @@ function closeThread() {
 
 async function begin() {
   $("app").hidden = false;
+  $("text").focus();
   setConnection("connecting");
   try {
     await sync();
