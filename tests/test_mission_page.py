@@ -430,6 +430,52 @@ new MutationObserver(() => {
     assert len(announced) < 20, announced
 
 
+def test_answers_show_code_in_monospace_and_nothing_in_them_runs(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    text = (f"code {uuid.uuid4().hex[:6]}\n```python\nprint('<b>hi</b>')\n```\n"
+            "then `inline` <img src=x onerror=\"window.ran=1\">")
+    prompt_id = viewer.submit(text)["prompt_id"]
+    drop_in(page, text, "succeeded")
+    shown = page.execute_script("""
+const drop = document.querySelector(`#field .drop[data-prompt-id="${arguments[0]}"]`);
+const answer = drop.querySelector('.response-text');
+return {blocks: [...answer.querySelectorAll('pre > code')].map((c) => c.textContent),
+        inline: [...answer.querySelectorAll(':not(pre) > code')].map((c) => c.textContent),
+        font: getComputedStyle(answer.querySelector('pre > code')).fontFamily,
+        markup: drop.querySelectorAll('img, b, script').length, ran: window.ran || null};""", prompt_id)
+    assert shown["blocks"] == ["print('<b>hi</b>')"]
+    assert shown["inline"] == ["inline"]
+    assert "mono" in shown["font"].lower()
+    assert (shown["markup"], shown["ran"]) == (0, None)
+
+
+def test_a_long_prompt_is_collapsed_until_the_reader_asks_for_all_of_it(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    text = f"long {uuid.uuid4().hex[:6]}\n" + "\n".join(f"line {n} of a long paste" for n in range(200))
+    prompt_id = viewer.submit(text)["prompt_id"]
+    drop_in(page, text, "succeeded")
+    page.set_window_size(390, 844)
+    try:
+        height = ("return document.querySelector(`#field .drop[data-prompt-id=\"${arguments[0]}\"]`)"
+                  ".getBoundingClientRect().height")
+        collapsed = page.execute_script(height, prompt_id)
+        assert collapsed < 800, "a 200-line prompt and its echo take a few lines each"
+        more = page.find_elements(By.CSS_SELECTOR,
+                                  f'#field .drop[data-prompt-id="{prompt_id}"] button.more')
+        assert [b.get_attribute("aria-expanded") for b in more] == ["false", "false"]
+        more[0].click()
+        assert page.execute_script(height, prompt_id) > collapsed + 2000
+        assert more[0].get_attribute("aria-expanded") == "true"
+    finally:
+        page.set_window_size(1280, 900)
+
+
 def test_closing_the_page_during_a_slow_prompt_and_reopening_it_shows_the_result(
     page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
 ) -> None:

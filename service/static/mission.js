@@ -6,6 +6,7 @@
 // stream fails, the page polls every POLL_MS and keeps trying the stream; the browser's own
 // reconnection sends Last-Event-ID, and the first event or `open` after it returns the page to live.
 import { $, API, announce, api, el, setConnection, setupSession } from "./api.js";
+import { answerNode, collapsible } from "./text.js";
 
 const POLL_MS = 2000;
 const STREAM_RETRY_MS = 5000;
@@ -19,6 +20,7 @@ const STATE_CLASS = {
 
 const items = new Map();   // prompt_id -> item (a /mission/recent item)
 const drops = new Map();   // prompt_id -> <li>
+const opened = new Set();  // long texts the viewer expanded ("prompt:<id>", "answer:<id>")
 let cursor = null;
 let syncing = false;
 let again = false;
@@ -83,8 +85,12 @@ function renderDrop(item) {
       attempts ? el("span", { class: "attempts", text: attempts }) : null,
       item.parent_id ? el("span", { class: "continues", text: "continues a thread" }) : null,
       el("time", { datetime: item.created_at, text: new Date(item.created_at).toLocaleString() })),
-    el("p", { class: "prompt-text", text: item.text }),
-    item.response_text ? el("p", { class: "response-text", text: item.response_text }) : null,
+    ...collapsible(el("p", { class: "prompt-text", text: item.text }), item.text,
+                   `prompt:${item.prompt_id}`, opened),
+    ...(item.response_text
+      ? collapsible(answerNode(item.response_text, "response-text"), item.response_text,
+                    `answer:${item.prompt_id}`, opened)
+      : []),
     error,
     actions].filter(Boolean));
   if (focused && !li.contains(focused)) {
@@ -368,7 +374,7 @@ function threadEntry(item, depth) {
   return el("li", { class: `thread-item ${STATE_CLASS[item.state] || ""}`, "data-depth": String(Math.min(depth, 6)),
                     "data-prompt-id": item.prompt_id },
     el("p", { class: "prompt-text", text: item.text }),
-    item.response_text ? el("p", { class: "response-text", text: item.response_text }) : null,
+    item.response_text ? answerNode(item.response_text, "response-text") : null,
     el("span", { class: "state", text: item.state || "unknown" }));
 }
 
