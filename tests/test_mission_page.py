@@ -476,6 +476,26 @@ def test_a_long_prompt_is_collapsed_until_the_reader_asks_for_all_of_it(
         page.set_window_size(1280, 900)
 
 
+def test_a_queued_prompt_says_why_it_waits_with_a_countdown_that_moves(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    later = f"later {uuid.uuid4().hex[:6]}"
+    first = viewer.submit(later, delay_seconds=90)
+    after = f"after it {uuid.uuid4().hex[:6]}"
+    viewer.submit(after, after=first["job_id"])
+    why = ("return [...document.querySelectorAll('#field .drop')].find((li) => li.querySelector("
+           "'.prompt-text').textContent === arguments[0]).querySelector('.why')?.textContent")
+    start = until(page, lambda d: d.execute_script(why, later))
+    assert re.fullmatch(r"starts in (89|90) s", start), start
+    until(page, lambda d: d.execute_script(why, later) != start, timeout=5)
+    moved = int(re.findall(r"\d+", page.execute_script(why, later))[0])
+    assert moved < int(re.findall(r"\d+", start)[0])
+    assert page.execute_script(why, after) == "waits for an earlier prompt to succeed"
+    viewer.cancel(first["job_id"])
+
+
 def test_closing_the_page_during_a_slow_prompt_and_reopening_it_shows_the_result(
     page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
 ) -> None:

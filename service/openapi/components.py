@@ -271,6 +271,12 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                 "error_kind": _nullable({"type": "string", "enum": ERROR_KINDS}),
                 "error_message": _nullable({"type": "string"}),
                 "response_id": _nullable(_UUID), "updated_at": _TIME,
+                "scheduled_for": {**_TIME, "description": "When the latest job may run "
+                                  "(a scheduled prompt, or a retry's backoff)."},
+                "after_job_id": {**_nullable(_UUID), "description": "The job it runs after "
+                                 "(`after`)."},
+                "waiting": {"type": "boolean", "description": "It waits for `after_job_id` to "
+                            "succeed."},
                 "response_text": _nullable(_feed_text(chars, "The latest job's answer")),
                 "response_truncated": {"type": "boolean", "description": "`response_text` was "
                                        "cut: GET /responses/{response_id} has it whole."},
@@ -366,6 +372,7 @@ EXAMPLES: dict[str, Any] = {
         "created_at": "2026-11-30T12:00:00+00:00", "job_id": JOB_ID, "state": "succeeded",
         "attempt": 1, "max_attempts": 3, "priority": 50, "error_kind": None,
         "error_message": None, "response_id": RESPONSE_ID, "updated_at": AT,
+        "scheduled_for": "2026-11-30T12:00:00+00:00", "after_job_id": None, "waiting": False,
         "response_text": "One queue, many workers, nothing lost.", "text_truncated": False,
         "response_truncated": False}]},
     "Entity": {**PROMPT_EXAMPLE, "id": RESPONSE_ID, "kind": "response", "parent_id": PROMPT_ID,

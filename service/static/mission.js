@@ -72,6 +72,7 @@ function renderDrop(item) {
       "aria-label": `Thread of “${short(item.text, 30)}”`, onclick: () => showThread(item.prompt_id) }));
   }
   // NOTE: a running attempt shows no error: the one kept in the item belongs to an earlier attempt.
+  const why = item.state === "queued" ? waitsFor(item) : null;
   const error = item.error_kind && item.state !== "succeeded" && item.state !== "running"
     ? el("p", { class: "error-text" }, el("strong", { text: item.error_kind }),
       item.error_message ? `: ${item.error_message}` : "")
@@ -83,6 +84,7 @@ function renderDrop(item) {
     el("div", { class: "drop-head" },
       el("span", { class: "state", text: item.state }),
       attempts ? el("span", { class: "attempts", text: attempts }) : null,
+      why,
       item.parent_id ? el("span", { class: "continues", text: "continues a thread" }) : null,
       el("time", { datetime: item.created_at, text: new Date(item.created_at).toLocaleString() })),
     ...collapsible(el("p", { class: "prompt-text", text: item.text }), item.text,
@@ -100,6 +102,32 @@ function renderDrop(item) {
   if (fresh) place(li, item);
   $("empty").hidden = drops.size > 0;
 }
+
+// NOTE: the server's clock, as the last /mission/recent page gave it, so a countdown does not
+// depend on the browser's clock being right.
+let skewMs = 0;
+
+function waitsFor(item) {
+  if (item.waiting) return el("span", { class: "why", text: "waits for an earlier prompt to succeed" });
+  const due = Date.parse(item.scheduled_for);
+  if (!(due > Date.now() + skewMs + 1000)) return null;
+  const label = item.error_kind ? "retrying in" : "starts in";
+  return el("span", { class: "why due", "data-due": String(due), "data-label": label,
+                      text: dueText(label, due) });
+}
+
+function dueText(label, due) {
+  const seconds = Math.max(0, Math.ceil((due - Date.now() - skewMs) / 1000));
+  if (seconds < 120) return `${label} ${seconds} s`;
+  if (seconds < 7200) return `${label} ${Math.round(seconds / 60)} min`;
+  return `${label} ${new Date(due).toLocaleString()}`;
+}
+
+setInterval(() => {
+  for (const node of document.querySelectorAll(".why.due")) {
+    node.textContent = dueText(node.dataset.label, Number(node.dataset.due));
+  }
+}, 1000);
 
 function place(li, item) {
   const field = $("field");
@@ -178,6 +206,7 @@ async function sync() {
         const query = new URLSearchParams({ limit: "500" });
         if (cursor) query.set("cursor", cursor);
         const page = await api("GET", `/mission/recent?${query}`);
+        skewMs = Date.parse(page.as_of) - Date.now();
         for (const item of page.items) merge(item);
         cursor = page.next_cursor;
         more = page.has_more;

@@ -68,12 +68,13 @@ WITH items AS MATERIALIZED (
 SELECT o.ord, p.id AS prompt_id, p.parent_id, p.created_at,
        latest.job_id, latest.state, latest.attempt, latest.max_attempts, latest.priority,
        latest.error_kind, latest.error_message, latest.response_id, latest.updated_at,
+       latest.scheduled_for, latest.after_job_id, latest.waiting,
        sum(s.size) OVER (ORDER BY o.ord) - s.size AS bytes_before
   FROM unnest(%(prompt_ids)s::uuid[]) WITH ORDINALITY AS o(id, ord)
   JOIN sa_entity p ON p.id = o.id
  CROSS JOIN LATERAL (
        SELECT id AS job_id, state, attempt, max_attempts, priority, error_kind,
-              error_message, response_id, updated_at
+              error_message, response_id, updated_at, scheduled_for, after_job_id, waiting
          FROM sa_job
         WHERE prompt_id = p.id
         ORDER BY created_at DESC, id
@@ -86,7 +87,7 @@ SELECT o.ord, p.id AS prompt_id, p.parent_id, p.created_at,
 )
 SELECT i.prompt_id, i.parent_id, t.text, i.created_at, i.job_id, i.state, i.attempt,
        i.max_attempts, i.priority, i.error_kind, i.error_message, i.response_id, i.updated_at,
-       t.response_text, octet_length(p.content) > octet_length(t.text) AS text_truncated,
+       i.scheduled_for, i.after_job_id, i.waiting, t.response_text, octet_length(p.content) > octet_length(t.text) AS text_truncated,
        coalesce(octet_length(r.content) > octet_length(t.response_text), false)
            AS response_truncated,
        (SELECT count(*) FROM items) AS read
