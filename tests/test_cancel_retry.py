@@ -19,7 +19,8 @@ from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.control import Retried, cancel_job, retry_job, retry_prompt
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.reclaim import Reclaimer
-from jobqueue.runtime.executor import Outcome, RunControl
+from jobqueue.runtime.executor import Outcome
+from jobqueue.runtime.run_control import RunControl
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, wait_for
 
 API = "/sa-core/v1"

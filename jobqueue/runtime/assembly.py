@@ -32,10 +32,12 @@ _POOL_SIZE = 4
 
 
 def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
-    """The WorkerConfig the settings describe (poll, heartbeat, grace, caps), with `overrides`."""
+    """The WorkerConfig the settings describe (poll, heartbeat, cancel check, grace, caps), with
+    `overrides`."""
     return replace(WorkerConfig(
         org_max_running=settings.org_max_running, priority_aging=settings.priority_aging,
         poll_interval=settings.poll_interval, heartbeat_interval=settings.heartbeat_interval,
+        cancel_check_interval=settings.cancel_check_interval,
         shutdown_grace=settings.shutdown_grace,
     ), **overrides)
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -21,9 +19,10 @@ from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import ProviderFailure, RoutedProviders
-from jobqueue.runtime.streaming import CallAbandoned, PartialWriter
+from jobqueue.runtime.run_control import CallAbandoned, RunControl
+from jobqueue.runtime.streaming import PartialWriter
 
-__all__ = ["Executor", "Outcome", "RunControl"]
+__all__ = ["Executor", "Outcome"]
 
 log = structlog.get_logger(__name__)
 
@@ -36,41 +35,6 @@ class Outcome(StrEnum):
     FAILED = "failed"
     CLAIM_LOST = "claim_lost"
     ABANDONED = "abandoned"
-
-
-class RunControl:
-    """Settles the race between a job's thread and the heartbeat that finds its claim gone.
-
-    Once the thread starts finishing, the heartbeat can no longer abandon the job (the conditional
-    finalize decides); once the heartbeat abandons it, the thread drops its result.
-    `on_finishing` runs once the provider call is over and the finalize begins.
-    """
-
-    # PERF: one lock for every run of the process, held for a few bytecodes: a lock per job cost
-    # about 5 % of a gevent worker's CPU at 2,048 calls in flight (creating a gevent lock is dear).
-    _lock = threading.Lock()
-
-    def __init__(self, on_finishing: Callable[[], None] | None = None) -> None:
-        self._abandoned = False
-        self._finishing = False
-        self._on_finishing = on_finishing
-
-    def abandon(self) -> bool:
-        """Marks the job abandoned; False when its finalize has already begun."""
-        with self._lock:
-            if not self._finishing:
-                self._abandoned = True
-            return self._abandoned
-
-    def begin_finish(self) -> bool:
-        """Marks the job finishing; False when it was abandoned first."""
-        with self._lock:
-            if not self._abandoned:
-                self._finishing = True
-            finishing = self._finishing
-        if finishing and self._on_finishing is not None:
-            self._on_finishing()
-        return finishing
 
 
 @dataclass
@@ -135,12 +99,15 @@ class Executor:
         on_delta = PartialWriter(self.pool, job, self.stream_interval).feed if route.stream else None
         try:
             completion = provider.complete(model, messages, on_delta=on_delta, params={
-                name: job.options[name] for name in SENT_OPTIONS if name in job.options})
+                name: job.options[name] for name in SENT_OPTIONS if name in job.options},
+                control=control)
         except CallAbandoned:
-            # NOTE: cancelled or taken away mid-stream: the provider call was cut at once.
-            if control is not None:
-                control.abandon()
-            bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
+            # NOTE: whoever abandoned the run (worker.py) logged it; a stream's write finding the
+            # job gone is logged here, once.
+            if control is None or not control.abandoned:
+                if control is not None:
+                    control.abandon()
+                bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
             return Outcome.ABANDONED
         except ProviderFailure as failure:
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.

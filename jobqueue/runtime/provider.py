@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from jobqueue.core import metrics
@@ -25,6 +26,7 @@ from jobqueue.core.policy import ErrorKind, classify_status, parse_retry_after
 from jobqueue.core.redact import redact
 from jobqueue.core.routes import Route, Routes
 from jobqueue.core.settings import DEFAULT_MAX_RESPONSE_BYTES
+from jobqueue.runtime.run_control import CallAbandoned, RunControl
 
 __all__ = ["DEFAULT_CONNECT_TIMEOUT", "Completion", "Provider", "ProviderFailure",
            "RoutedProviders"]
@@ -147,12 +149,9 @@ class Provider:
         with self._lock:
             connections, self._open = self._open, set()
         for conn in connections:
-            # NOTE: close() alone does not wake a thread blocked in recv() on the same socket
-            # (the response's file keeps it open); shutdown() does, so SIGTERM never waits on a
-            # provider that drips.
+            # NOTE: SIGTERM never waits on a provider that drips.
             if conn.sock is not None:
-                with contextlib.suppress(OSError):
-                    conn.sock.shutdown(socket.SHUT_RDWR)
+                _cut(conn.sock)
             conn.close()
 
     def complete(
@@ -161,6 +160,7 @@ class Provider:
         messages: list[dict[str, str]],
         on_delta: Callable[[str], None] | None = None,
         params: Mapping[str, Any] | None = None,
+        control: RunControl | None = None,
     ) -> Completion:
         """Runs one chat completion and records its latency by outcome.
 
@@ -170,26 +170,33 @@ class Provider:
             on_delta: when given, the call asks for a streamed answer (`stream: true`, server-sent
                 events) and passes each piece of text as it arrives; the completion holds them all.
             params: more request body fields (temperature, stop...), sent as they are.
+            control: the run's control; abandoning it closes the call's connection at once.
 
         Returns:
             The completion.
 
         Raises:
             ProviderFailure: any failure, with its error_kind.
+            CallAbandoned: `control` was abandoned during the call (its connection is closed).
         """
         started = time.monotonic()
         try:
-            completion = self._call(model, messages, on_delta, params or {}, started)
+            completion = self._call(model, messages, on_delta, params or {}, started, control)
         except ProviderFailure as failure:
+            if control is not None and control.abandoned:
+                raise CallAbandoned("the call was cut: the job is no longer ours") from failure
             metrics.PROVIDER_REQUEST_SECONDS.labels(outcome=failure.kind.value).observe(
                 time.monotonic() - started)
             raise
+        finally:
+            if control is not None:
+                control.detach()
         metrics.PROVIDER_REQUEST_SECONDS.labels(outcome="ok").observe(time.monotonic() - started)
         return completion
 
     def _call(self, model: str, messages: list[dict[str, str]],
               on_delta: Callable[[str], None] | None, params: Mapping[str, Any],
-              started: float) -> Completion:
+              started: float, control: RunControl | None) -> Completion:
         request: dict[str, Any] = {**params, "model": model, "messages": messages}
         if on_delta is not None:
             # NOTE: OpenAI reports a stream's token counts only when asked (a last chunk).
@@ -200,6 +207,8 @@ class Provider:
         try:
             conn = self._connection(deadline)
             assert conn.sock is not None
+            if control is not None:
+                control.attach(partial(_cut, conn.sock))
             conn.sock.settimeout(_remaining(deadline))
             conn.request("POST", self._path, body=body, headers=self._headers)
             response = conn.getresponse()
@@ -223,6 +232,8 @@ class Provider:
             ) from None
         except (OSError, http.client.HTTPException) as exc:
             self._drop()
+            if control is not None and control.abandoned:
+                raise CallAbandoned("the call was cut: the job is no longer ours") from exc
             raise ProviderFailure(
                 ErrorKind.UNKNOWN, f"provider unreachable: {type(exc).__name__}: {exc}",
                 latency_ms=_elapsed_ms(started),
@@ -434,6 +445,13 @@ class _HTTPSConnection(http.client.HTTPSConnection):
 
 
 _Connection = _HTTPConnection | _HTTPSConnection
+
+
+def _cut(sock: socket.socket) -> None:
+    """Ends a call from another thread: shutdown() wakes the reader blocked in recv() (close()
+    alone does not) and tells the provider at once that nobody waits for its answer."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def _remaining(deadline: float) -> float:

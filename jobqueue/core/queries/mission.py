@@ -10,7 +10,7 @@ __all__ = [
 
 # NOTE: the feed pages sa_job_event, not sa_job.updated_at: an event is written only by a
 # transition (a heartbeat writes none), and `upto` is the SSE hub's delivered cursor, below
-# which every id is final (service/events/horizon.py), so a page boundary never skips a late commit.
+# which every id is final (jobqueue/core/horizon.py), so a page boundary never skips a late commit.
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql.
 MISSION_PAGE_FOR_USER = """
