@@ -125,6 +125,7 @@ class Worker:
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
         self.claim_failures = 0
+        self.departure_looks = 0
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
@@ -355,6 +356,7 @@ class Worker:
                        if job_id not in self._finishing}
         gone = self._departures.departed(
             self.pool, {job_id: run.job.attempt for job_id, run in calling.items()})
+        self.departure_looks += 1
         return self._abandon([calling[job_id] for job_id in gone], "event_log")
 
     def _abandon(self, runs: list[_Run], found_by: str) -> int:
