@@ -62,7 +62,7 @@ class DepartureWatch:
                 return set()
             # NOTE: proven before the read below began, so every id up to it is in that read.
             proven = self._horizon.horizon
-            seen = self._read_since(conn, self._cursor)
+            seen = self._read_between(conn, self._cursor, last_id)
             self._cursor = max(self._cursor, proven)
             suspects = [job_id for job_id in seen if job_id in held]
             if not suspects:
@@ -72,12 +72,13 @@ class DepartureWatch:
         return {job_id for job_id in suspects if (job_id, held[job_id]) not in alive}
 
     @staticmethod
-    def _read_since(conn: DictConnection, after: int) -> set[uuid.UUID]:
-        """The jobs of every event out of `running` after `after`, page by page."""
+    def _read_between(conn: DictConnection, after: int, upto: int) -> set[uuid.UUID]:
+        """The jobs of every event out of `running` in (after, upto], page by page; a later
+        event waits for the next look."""
         seen: set[uuid.UUID] = set()
         while True:
             rows = conn.execute(q.JOB_EVENT_LIST_LEFT_RUNNING_AFTER,
-                                {"after": after, "limit": _PAGE}).fetchall()
+                                {"after": after, "upto": upto, "limit": _PAGE}).fetchall()
             seen.update(r["job_id"] for r in rows)
             if len(rows) < _PAGE:
                 return seen

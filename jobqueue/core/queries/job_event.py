@@ -60,11 +60,13 @@ JOB_EVENT_LIST_AFTER = "SELECT" + _EVENT_SELECT + _EVENT_FROM + """
 # log, stopped by the LIMIT. Only the job ids of transitions out of `running` come back (any
 # canceller's, SQL included); the worker keeps those it holds and checks them by id.
 # PERF: no index on from_state: every transition would pay for it, and the walk only covers
-# the events since the last poll (about half a second of them).
+# the events since the last poll (about half a second of them). The range is closed at the
+# sequence's last value the look read (`upto`): an open `id > $1` is a third of the table to a
+# generic plan, which then reads it by bitmap and sorts it.
 JOB_EVENT_LIST_LEFT_RUNNING_AFTER = """
 SELECT e.id, e.job_id
   FROM sa_job_event e
- WHERE e.id > %(after)s AND e.from_state = 'running'
+ WHERE e.id > %(after)s AND e.id <= %(upto)s AND e.from_state = 'running'
  ORDER BY e.id
  LIMIT %(limit)s
 """
