@@ -25,6 +25,10 @@ each one once it has committed.
 - cancelled -> superseded, with a new waiting job: `chains.rearm`, in the retry's transaction,
   JOB_REARM_DEPENDENTS; ended by the retried job's end, never re-armed before.
 
+Not a transition, a read: `departures.DepartureWatch` tells each worker which of its jobs left
+`running` (any of the above, or operator SQL), JOB_EVENT_LIST_LEFT_RUNNING_AFTER then
+JOB_LIST_STILL_CLAIMED; the worker cuts their calls and writes nothing for them.
+
 A batch statement that fails on one row is split around it (`isolation.write_isolated`), and a
 row no statement can write is set aside (`quarantine.set_aside`).
 """

@@ -43,23 +43,23 @@ class RunControl:
 
     def abandon(self) -> bool:
         """Marks the job abandoned and cuts its call; False when its finalize has already begun."""
+        # NOTE: the cut runs under the lock (a shutdown() syscall, it never blocks), so once
+        # `detach` returns no late cut can reach the connection this thread reuses next.
         with self._lock:
-            cut = None
             if not self._finishing and not self._abandoned:
                 self._abandoned = True
-                cut, self._cut = self._cut, None
-            abandoned = self._abandoned
-        if cut is not None:
-            cut()
-        return abandoned
+                if self._cut is not None:
+                    self._cut()
+                    self._cut = None
+            return self._abandoned
 
     def attach(self, cut: Callable[[], None]) -> None:
         """Registers how to cut the call now in flight; cuts at once when already abandoned."""
         with self._lock:
-            abandoned = self._abandoned
-            self._cut = None if abandoned else cut
-        if abandoned:
-            cut()
+            if self._abandoned:
+                cut()
+            else:
+                self._cut = cut
 
     def detach(self) -> None:
         """Forgets the call's cut: its connection may serve this thread's next job."""
