@@ -91,7 +91,7 @@ def test_cancel_script_drops_a_running_jobs_late_result(
     done = psql("cancel_job.sql", job_id=job.id)
     assert done.returncode == 0, done.stderr
     assert _job(pool, job.id)["error_message"] == "cancelled by an operator (psql)"
-    assert finalize.finish(pool, [finalize.succeeded(job, "too late", OK_CALL)]) == [False]
+    assert finalize.write(pool, [finalize.succeeded(job, "too late", OK_CALL)]) == [False]
     assert fetch_one(pool, "SELECT count(*) AS n FROM sa_entity WHERE kind = 'response'")["n"] == 0
     assert _events(pool, job.id)[-1] == ("running", "cancelled")
 

@@ -10,8 +10,9 @@ each one once it has committed.
 - queued -> running: `claim.claim`, JOB_CLAIM_MANY(_ORG_CAPPED) or, around a row it cannot
   write, JOB_CLAIM_IDS; queued, not waiting, due, not quarantined, SKIP LOCKED.
 - running -> failed (options it cannot run): `claim.claim`, JOB_REJECT_MANY_IF_CLAIMED.
-- running -> succeeded, queued (retry, throttled) or failed: `finalize.finish`,
-  JOB_SET_STATE_IF_RUNNING_MANY; running under this claim and attempt.
+- running -> succeeded, queued (retry, throttled) or failed: `finalize.finish`, decided there
+  from what the worker's call came to (jobqueue/core/attempt.py), JOB_SET_STATE_IF_RUNNING_MANY;
+  running under this claim and attempt.
 - running -> queued at shutdown: `heartbeat.release`, JOB_RELEASE_MANY_IF_CLAIMED.
 - running -> queued or failed when stale or stuck: `reclaim.Reclaimer`,
   JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE; still under the claim read, still stale at `as_of`.

@@ -18,6 +18,7 @@ from jobqueue.core.listener import NotificationListener
 from jobqueue.core.policy import BackoffConfig
 from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.settings import Settings
+from jobqueue.engine.finalize import FinishRules
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.gate import RouteGate
@@ -103,11 +104,11 @@ def assemble_worker(
         if providers is None:
             built.close()
         raise
-    completer = Completer(opened)
+    backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
+                            rate_limit_min_wait=settings.rate_limit_min_wait)
+    completer = Completer(opened, FinishRules(backoff))
     executor = Executor(
-        completer=completer, providers=built,
-        backoff=BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
-                              rate_limit_min_wait=settings.rate_limit_min_wait),
+        completer=completer, providers=built, backoff=backoff,
         gate=RouteGate(opened, refresh=settings.gate_refresh, window=settings.route_limit_window),
         throttle_max_wait=settings.throttle_max_wait, pool=opened,
         stream_interval=settings.stream_interval)
