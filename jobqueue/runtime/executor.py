@@ -18,7 +18,8 @@ from jobqueue.core.states import JobState
 from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.gate import RouteGate
-from jobqueue.runtime.provider import ProviderFailure, RoutedProviders
+from jobqueue.runtime.provider import RoutedProviders
+from jobqueue.runtime.provider_answer import ProviderFailure
 from jobqueue.runtime.run_control import CallAbandoned, RunControl
 from jobqueue.runtime.streaming import PartialWriter
 
