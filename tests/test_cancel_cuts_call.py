@@ -8,6 +8,7 @@ departure watch (jobqueue/engine/departures.py) can be that fast.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -15,6 +16,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any, cast
 
 import falcon.testing
 import pytest
@@ -24,6 +26,8 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.routes import Route
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
+from jobqueue.engine.claim import claim
+from jobqueue.engine.departures import DepartureWatch
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.runtime.worker import Worker
 from tests.helpers import REPO, WorkerHarness, fetch_one, find_psql, require, submit, wait_for
@@ -253,3 +257,53 @@ def test_a_gevent_worker_process_without_listen_closes_the_call(
                 "job.claim_lost", "job.abandoned")]
     assert [(line["event"], line.get("found_by")) for line in lost] == [
         ("job.claim_lost", "event_log")]
+
+
+class _CountingPool:
+    """The test pool, counting the statements run through it."""
+
+    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+        self.pool = pool
+        self.statements = 0
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[_CountingConnection]:
+        with self.pool.connection() as conn:
+            yield _CountingConnection(conn, self)
+
+
+class _CountingConnection:
+    def __init__(self, conn: DictConnection, counter: _CountingPool) -> None:
+        self._conn = conn
+        self._counter = counter
+
+    def execute(self, query: str, params: object = None) -> Any:
+        self._counter.statements += 1
+        return self._conn.execute(query, params)
+
+
+def test_a_look_costs_three_statements_whether_ten_or_ten_thousand_calls_are_in_flight(
+    pool: ConnectionPool[DictConnection], caller: Caller,
+) -> None:
+    watch = DepartureWatch("w-flat")
+    counting = _CountingPool(pool)
+    lent = cast(ConnectionPool[DictConnection], counting)
+    assert watch.departed(lent, {}) == set()
+    # NOTE: another worker's jobs leave `running` meanwhile; none of them is held here.
+    for n in range(5):
+        enqueue(pool, caller, f"someone else's {n}")
+    taken = [job.id for job in claim(pool, "w-other", 5, 100)]
+    with pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET state = 'cancelled', finished_at = now() "
+                     "WHERE id = ANY(%s)", (taken,))
+    assert len(taken) == 5
+
+    costs = []
+    for held in (10, 10_000):
+        counting.statements = 0
+        started = time.monotonic()
+        assert watch.departed(lent, {uuid.uuid4(): 1 for _ in range(held)}) == set()
+        costs.append((counting.statements, time.monotonic() - started))
+
+    assert [statements for statements, _ in costs] == [3, 3]
+    assert costs[1][1] < 0.5, f"a look at 10,000 calls in flight took {costs[1][1]:.3f}s"
