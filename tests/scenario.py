@@ -6,6 +6,7 @@ import uuid
 
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core.attempt import CallRecord
 from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.tokens import Caller
@@ -16,10 +17,10 @@ from jobqueue.engine.enqueue import enqueue
 
 __all__ = ["OK_CALL", "Scenario"]
 
-OK_CALL = finalize.CallRecord(model="fake-model", latency_ms=12, http_status=200, tokens_in=3,
+OK_CALL = CallRecord(model="fake-model", latency_ms=12, http_status=200, tokens_in=3,
                               tokens_out=4)
-_FAILED_CALL = finalize.CallRecord(model="fake-model", latency_ms=5, http_status=400)
-_LIMITED_CALL = finalize.CallRecord(model="fake-model", latency_ms=7, http_status=429)
+_FAILED_CALL = CallRecord(model="fake-model", latency_ms=5, http_status=400)
+_LIMITED_CALL = CallRecord(model="fake-model", latency_ms=7, http_status=429)
 
 # NOTE: jobs meant to be claimed get priority 0 and are claimed at once with ceiling 0, so a
 # claim never picks up another test job left queued on purpose (those get priority 50).
@@ -43,7 +44,7 @@ class Scenario:
         return self._claim_next()
 
     def _write(self, finish: finalize.Finish) -> None:
-        assert finalize.finish(self.pool, [finish]) == [True]
+        assert finalize.write(self.pool, [finish]) == [True]
 
     def _claim_next(self) -> ClaimedJob:
         (job,) = claim(self.pool, f"scenario-{uuid.uuid4().hex[:6]}", 1, _CLAIMABLE)

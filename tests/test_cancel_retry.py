@@ -19,7 +19,8 @@ from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.control import Retried, cancel_job, retry_job, retry_prompt
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.reclaim import Reclaimer
-from jobqueue.runtime.executor import Outcome, RunControl
+from jobqueue.runtime.executor import Outcome
+from jobqueue.runtime.run_control import RunControl
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, wait_for
 
 API = "/sa-core/v1"
@@ -80,16 +81,19 @@ def test_cancel_queued_job_over_http(
     assert transitions(pool, submitted["job_id"]) == [(None, "queued"), ("queued", "cancelled")]
 
 
-@pytest.mark.parametrize(("heartbeat_interval", "expected"), [
-    (0.1, Outcome.ABANDONED),  # the heartbeat notices the lost claim during the call
-    (60.0, Outcome.CLAIM_LOST),  # no heartbeat in time: the conditional finalize matches nothing
+@pytest.mark.parametrize(("heartbeat_interval", "cancel_check_interval", "expected"), [
+    (0.1, 60.0, Outcome.ABANDONED),  # the heartbeat notices the lost claim during the call
+    (60.0, 0.1, Outcome.ABANDONED),  # the departure watch reads the cancel in the event log
+    # neither looks in time: the conditional finalize matches nothing
+    (60.0, 60.0, Outcome.CLAIM_LOST),
 ])
 def test_cancelled_running_jobs_late_result_is_discarded(
-    heartbeat_interval: float, expected: Outcome,
+    heartbeat_interval: float, cancel_check_interval: float, expected: Outcome,
     client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
     pool: ConnectionPool[DictConnection], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    worker = workers.start(heartbeat_interval=heartbeat_interval)
+    worker = workers.start(heartbeat_interval=heartbeat_interval,
+                           cancel_check_interval=cancel_check_interval)
     outcomes: list[Outcome] = []
     finished = threading.Event()
     run_claimed = worker.executor.run_claimed

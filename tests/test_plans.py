@@ -28,6 +28,7 @@ from jobqueue.core.queries import chain as chain_q
 from jobqueue.core.queries import claim as claim_q
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
+from jobqueue.core.queries import job_event as event_q
 from jobqueue.core.queries import maintenance as maintenance_q
 from jobqueue.core.queries import metrics as metrics_q
 from jobqueue.core.queries import partial as partial_q
@@ -93,6 +94,12 @@ HOT_PATH = [
     HotStatement("claim_ids", claim_q.JOB_CLAIM_IDS, {**_CLAIM, "job_ids": _IDS}, prepared=False),
     HotStatement("next_due", claim_q.JOB_NEXT_DUE, {"ceiling": 100}, job_q.JOB_PLAN_SETTINGS),
     HotStatement("heartbeat", job_q.JOB_HEARTBEAT_MANY_IF_CLAIMED, {"job_ids": _IDS, "claim": "w1"}),
+    # NOTE: every worker's departure watch, twice a second: its page of the event log, then a
+    # probe of the few jobs it holds that appear there (jobqueue/engine/departures.py).
+    HotStatement("departures_read", event_q.JOB_EVENT_LIST_LEFT_RUNNING_AFTER,
+                 {"after": 0, "upto": 1000, "limit": 1000}),
+    HotStatement("departures_check", job_q.JOB_LIST_STILL_CLAIMED,
+                 {"job_ids": _IDS, "claim": "w1"}),
     # NOTE: the shutdown release reads every running job (at most the workers' slots), once per
     # shutdown, then releases them by id.
     HotStatement("claimed_by_worker", job_q.JOB_LIST_CLAIMED, {"claim": "w1"}, reads_backlog=True),
@@ -180,8 +187,19 @@ def _scan_violation(node: dict[str, Any], limited: bool, hot: HotStatement) -> s
     return None
 
 
+def _keyed_event_read(node: dict[str, Any], limited: bool) -> bool:
+    """True when a read of sa_job_event goes through an index condition (the statement's id
+    range), or walks an index under a LIMIT: never the whole log."""
+    kind = node["Node Type"]
+    if kind == "Bitmap Heap Scan":
+        leaves = _bitmap_leaves(node)
+        return bool(leaves) and all("Index Cond" in leaf for leaf in leaves)
+    return kind in ("Index Scan", "Index Only Scan") and ("Index Cond" in node or limited)
+
+
 def _violations(node: dict[str, Any], hot: HotStatement, limited: bool = False) -> list[str]:
-    """Every node of the plan that may read sa_job in full, or sa_entity other than by id.
+    """Every node of the plan that may read sa_job in full, sa_entity other than by id, or
+    sa_job_event other than through an index condition.
 
     A read of sa_job must probe what the statement names (_PROBE_INDEXES, with a condition) or
     walk an index under a LIMIT that stops it (the claim's heads, a keyset page); a statement
@@ -193,6 +211,10 @@ def _violations(node: dict[str, Any], hot: HotStatement, limited: bool = False) 
         problem = _scan_violation(node, limited, hot)
         if problem is not None:
             found.append(problem)
+    if node.get("Relation Name") == "sa_job_event" and kind != "ModifyTable" and (
+            not _keyed_event_read(node, limited)):
+        found.append(f"{kind} {node.get('Index Name') or ''} on sa_job_event with no index "
+                     "condition".replace("  ", " "))
     if node.get("Relation Name") == "sa_entity" and kind != "ModifyTable" and (
             kind != "Index Scan" or node.get("Index Name") != "sa_entity_pkey"):
         found.append(f"{kind} {node.get('Index Name') or ''} on sa_entity".replace("  ", " "))

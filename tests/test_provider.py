@@ -16,7 +16,8 @@ import pytest
 
 from jobqueue.core.policy import ErrorKind
 from jobqueue.devtools.fake_provider import FakeProvider
-from jobqueue.runtime.provider import Provider, ProviderFailure
+from jobqueue.runtime.provider import Provider
+from jobqueue.runtime.provider_answer import ProviderFailure
 from tests.helpers import wait_for
 
 MESSAGES = [{"role": "user", "content": "hello"}]

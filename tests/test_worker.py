@@ -17,10 +17,12 @@ import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core.attempt import CallRecord, CallSucceeded
 from jobqueue.core.db import DictConnection
 from jobqueue.core.logs import configure_logging
-from jobqueue.core.policy import ErrorKind
+from jobqueue.core.policy import BackoffConfig, ErrorKind
 from jobqueue.core.settings import Settings
+from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import finalize
 from jobqueue.engine.claim import ClaimedJob, claim
@@ -56,13 +58,13 @@ def test_a_stale_claim_writes_nothing_and_the_new_owner_wins(
     pool: ConnectionPool[DictConnection], caller: Caller,
 ) -> None:
     stale, fresh = claimed_twice(pool, caller, "worker-a", "worker-b")
-    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+    call = CallRecord(model="m", latency_ms=1, http_status=200)
 
-    assert finalize.finish(pool, [finalize.succeeded(stale, "late answer", call)]) == [False]
+    assert finalize.write(pool, [finalize.succeeded(stale, "late answer", call)]) == [False]
     assert fetch_one(pool, WRITES) == {"responses": 0, "edges": 0, "ledger": 0, "audit": 0}
 
-    assert finalize.finish(pool, [finalize.succeeded(fresh, "real answer", call)]) == [True]
-    assert finalize.finish(pool, [finalize.succeeded(fresh, "duplicate", call)]) == [False]
+    assert finalize.write(pool, [finalize.succeeded(fresh, "real answer", call)]) == [True]
+    assert finalize.write(pool, [finalize.succeeded(fresh, "duplicate", call)]) == [False]
     assert fetch_one(pool, WRITES) == {"responses": 1, "edges": 1, "ledger": 1, "audit": 1}
     assert fetch_one(pool, "SELECT content FROM sa_entity WHERE kind = 'response'")["content"] == (
         "real answer")
@@ -77,9 +79,9 @@ def test_one_batch_finishes_each_job_by_its_own_outcome_and_skips_a_lost_claim(
     with pool.connection() as conn:
         conn.execute("UPDATE sa_job SET state = 'cancelled', finished_at = now() WHERE id = %s",
                      (lost.id,))
-    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+    call = CallRecord(model="m", latency_ms=1, http_status=200)
 
-    won = finalize.finish(pool, [
+    won = finalize.write(pool, [
         finalize.succeeded(ok, "answer", call),
         finalize.requeued(retry, ErrorKind.RATE_LIMIT, "slow down", 30.0, call),
         finalize.failed(fail, ErrorKind.PROVIDER_4XX, "no", call),
@@ -102,9 +104,9 @@ def test_a_stale_attempt_next_to_the_current_one_in_a_batch_writes_nothing(
     pool: ConnectionPool[DictConnection], caller: Caller,
 ) -> None:
     stale, fresh = claimed_twice(pool, caller, "worker-a", "worker-a")
-    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+    call = CallRecord(model="m", latency_ms=1, http_status=200)
 
-    won = finalize.finish(pool, [finalize.succeeded(stale, "late", call),
+    won = finalize.write(pool, [finalize.succeeded(stale, "late", call),
                                  finalize.succeeded(fresh, "current", call)])
 
     assert won == [False, True]
@@ -121,13 +123,13 @@ def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
     for text in ("first", "good", "bad"):
         enqueue(pool, caller, text)
     first, good, bad = claim(pool, "worker-a", 3, 100)
-    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
-    completer = Completer(pool)
+    call = CallRecord(model="m", latency_ms=1, http_status=200)
+    completer = Completer(pool, finalize.FinishRules(BackoffConfig()))
     results: dict[str, object] = {}
 
-    def finish(name: str, f: finalize.Finish) -> None:
+    def finish(name: str, job: ClaimedJob, content: str) -> None:
         try:
-            results[name] = completer.finish(f)
+            results[name] = completer.finish(job, CallSucceeded(content, call))
         except psycopg.Error as exc:
             results[name] = type(exc).__name__
 
@@ -135,12 +137,12 @@ def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
         with psycopg.connect(database_url) as locker:
             # NOTE: the first write waits on this row lock, so the next two queue up as one batch.
             locker.execute("SELECT 1 FROM sa_job WHERE id = %s FOR UPDATE", (first.id,))
-            threads = [threading.Thread(target=finish, args=("first", finalize.succeeded(first, "a", call)))]
+            threads = [threading.Thread(target=finish, args=("first", first, "a"))]
             threads[0].start()
             wait_for(lambda: fetch_one(pool, LOCK_WAITS)["n"])
-            for name, f in (("good", finalize.succeeded(good, "b", call)),
-                            ("bad", finalize.succeeded(bad, "NUL \x00 cannot be stored", call))):
-                threads.append(threading.Thread(target=finish, args=(name, f)))
+            for name, job, content in (("good", good, "b"),
+                                       ("bad", bad, "NUL \x00 cannot be stored")):
+                threads.append(threading.Thread(target=finish, args=(name, job, content)))
                 threads[-1].start()
             wait_for(lambda: completer.waiting == 2)
         for t in threads:
@@ -148,7 +150,7 @@ def test_a_job_that_cannot_be_written_fails_alone_not_its_batch(
     finally:
         completer.close()
     # NOTE: the bad job's outcome is not written; the job fails with the database's refusal.
-    assert results == {"first": True, "good": True, "bad": False}
+    assert results == {"first": JobState.SUCCEEDED, "good": JobState.SUCCEEDED, "bad": None}
     assert completer.batches == 2, "good and bad were one batch"
     assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE state = 'succeeded'")["n"] == 2
     failed = fetch_one(pool, "SELECT state, error_kind, error_message FROM sa_job WHERE id = %s",
@@ -165,13 +167,13 @@ def test_two_workers_finalizing_the_same_job_leave_one_response(
 ) -> None:
     enqueue(pool, caller, "raced")
     [job] = claim(pool, "worker-a", 1, 100)
-    call = finalize.CallRecord(model="m", latency_ms=1, http_status=200)
+    call = CallRecord(model="m", latency_ms=1, http_status=200)
     barrier = threading.Barrier(4)
     results: list[bool] = []
 
     def race() -> None:
         barrier.wait()
-        results.append(finalize.finish(pool, [finalize.succeeded(job, "answer", call)])[0])
+        results.append(finalize.write(pool, [finalize.succeeded(job, "answer", call)])[0])
 
     threads = [threading.Thread(target=race) for _ in range(4)]
     for t in threads:

@@ -53,7 +53,8 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.runtime.assembly import assemble_worker
-from jobqueue.runtime.provider import Completion, Provider, RoutedProviders
+from jobqueue.runtime.provider import Provider, RoutedProviders
+from jobqueue.runtime.provider_answer import Completion
 from jobqueue.runtime.worker import WorkerConfig
 
 CALLER = Caller(org_id=1, user_id=1)

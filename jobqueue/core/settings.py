@@ -223,6 +223,7 @@ class Settings:
     provider_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     provider_routes: tuple[Route, ...] = ()
     heartbeat_interval: float = 30.0
+    cancel_check_interval: float = 0.5
     stale_after: float = 300.0
     stuck_after: float = 900.0
     poll_interval: float = 2.0
@@ -319,6 +320,7 @@ class Settings:
                                              DEFAULT_MAX_RESPONSE_BYTES),
             provider_routes=routes,
             heartbeat_interval=_float(env, "SA_HEARTBEAT_INTERVAL", 30.0),
+            cancel_check_interval=_float(env, "SA_CANCEL_CHECK_INTERVAL", 0.5),
             stale_after=_float(env, "SA_STALE_AFTER", 300.0),
             stuck_after=_float(env, "SA_STUCK_AFTER", 900.0),
             poll_interval=_float(env, "SA_POLL_INTERVAL", 2.0),

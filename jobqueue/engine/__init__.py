@@ -13,8 +13,9 @@ each one once it has committed.
 - queued -> running: `claim.claim`, JOB_CLAIM_MANY(_ORG_CAPPED) or, around a row it cannot
   write, JOB_CLAIM_IDS; queued, not waiting, due, not quarantined, SKIP LOCKED.
 - running -> failed (options it cannot run): `claim.claim`, JOB_REJECT_MANY_IF_CLAIMED.
-- running -> succeeded, queued (retry, throttled) or failed: `finalize.finish`,
-  JOB_SET_STATE_IF_RUNNING_MANY; running under this claim and attempt.
+- running -> succeeded, queued (retry, throttled) or failed: `finalize.finish`, decided there
+  from what the worker's call came to (jobqueue/core/attempt.py), JOB_SET_STATE_IF_RUNNING_MANY;
+  running under this claim and attempt.
 - running -> queued at shutdown: `heartbeat.release`, JOB_RELEASE_MANY_IF_CLAIMED.
 - running -> queued or failed when stale or stuck: `reclaim.Reclaimer`,
   JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE; still under the claim read, still stale at `as_of`.
@@ -30,6 +31,10 @@ each one once it has committed.
   JOB_CANCEL_DEPENDENTS_MANY, JOB_CANCEL_ORPHANED_MANY; still waiting, predecessor ended or gone.
 - cancelled -> superseded, with a new waiting job: `chains.rearm`, in the retry's transaction,
   JOB_REARM_DEPENDENTS; ended by the retried job's end, never re-armed before.
+
+Not a transition, a read: `departures.DepartureWatch` tells each worker which of its jobs left
+`running` (any of the above, or operator SQL), JOB_EVENT_LIST_LEFT_RUNNING_AFTER then
+JOB_LIST_STILL_CLAIMED; the worker cuts their calls and writes nothing for them.
 
 A batch statement that fails on one row is split around it (`isolation.write_isolated`), and a
 row no statement can write is set aside (`quarantine.set_aside`). A Batch API batch's steps run in

@@ -1,11 +1,16 @@
-"""Conditional finalize: mixed outcomes in one claim-guarded statement; a lost claim writes nothing."""
+"""Conditional finalize: mixed outcomes in one claim-guarded statement; a lost claim writes nothing.
+
+The worker hands over what its calls came to (jobqueue/core/attempt.py); `finish` decides each
+job's transition (a failure retried or failed, jobqueue/core/policy.py) and writes them all.
+"""
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -13,8 +18,9 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics, wakeup
+from jobqueue.core.attempt import AttemptResult, CallFailed, CallRecord, CallSucceeded
 from jobqueue.core.db import DictConnection
-from jobqueue.core.policy import ErrorKind
+from jobqueue.core.policy import BackoffConfig, ErrorKind, RetryAction, decide
 from jobqueue.core.queries import job as q
 from jobqueue.core.states import JobState
 from jobqueue.engine import chains, quarantine, transitions
@@ -23,14 +29,16 @@ from jobqueue.engine.isolation import is_connection_failure, write_isolated
 
 __all__ = [
     "RESPONSE_NAMESPACE",
-    "CallRecord",
     "Finish",
+    "FinishRules",
+    "decided",
     "failed",
     "finish",
     "requeued",
     "response_id_for",
     "succeeded",
     "throttled",
+    "write",
 ]
 
 log = structlog.get_logger(__name__)
@@ -46,15 +54,11 @@ _COLUMNS = ("job_id", "claim", "attempt", "to_state", "model", "tokens_in", "tok
 
 
 @dataclass(frozen=True)
-class CallRecord:
-    """What the ledger keeps about one provider call; `latency_ms` None: no call was made, and
-    the ledger gets no row."""
+class FinishRules:
+    """What decides a failed attempt's fate: the backoff settings and the jitter's source."""
 
-    model: str
-    latency_ms: int | None
-    http_status: int | None
-    tokens_in: int | None = None
-    tokens_out: int | None = None
+    backoff: BackoffConfig
+    rng: random.Random = field(default_factory=random.Random)
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,38 @@ def failed(job: ClaimedJob, kind: ErrorKind, message: str, call: CallRecord) -> 
     return _finish(job, JobState.FAILED, call, error_kind=kind, error_message=message)
 
 
-def finish(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> list[bool]:
+def decided(job: ClaimedJob, result: AttemptResult, rules: FinishRules) -> Finish:
+    """The transition `result` makes for `job`: a failure is retried with backoff while the
+    policy allows it (spec §8), else failed; a throttled job keeps its attempt."""
+    if isinstance(result, CallSucceeded):
+        return succeeded(job, result.content, result.call)
+    if isinstance(result, CallFailed):
+        decision = decide(result.kind, job.attempt, job.max_attempts, result.retry_after,
+                          rules.backoff, rules.rng)
+        message = f"{result.message} ({decision.reason})"
+        if decision.action is RetryAction.RETRY:
+            return requeued(job, result.kind, message, decision.delay, result.call)
+        return failed(job, result.kind, message, result.call)
+    return throttled(job, result.message, result.delay, result.call)
+
+
+def finish(pool: ConnectionPool[DictConnection],
+           results: Sequence[tuple[ClaimedJob, AttemptResult]],
+           rules: FinishRules) -> list[JobState | None]:
+    """Decides each job's transition from what its call came to, and writes them all (`write`).
+
+    Returns:
+        For each job, in order, the state written, or None when nothing was (claim lost).
+
+    Raises:
+        psycopg.Error: the connection failed (nothing of the batch was written).
+    """
+    finishes = [decided(job, result, rules) for job, result in results]
+    return [f.to_state if ok else None
+            for f, ok in zip(finishes, write(pool, finishes), strict=True)]
+
+
+def write(pool: ConnectionPool[DictConnection], finishes: Sequence[Finish]) -> list[bool]:
     """Writes `finishes` in one statement (JOB_SET_STATE_IF_RUNNING_MANY), whatever their outcomes.
 
     Every job of the batch is guarded on its own (id, state running, worker_claim, attempt), so

@@ -18,6 +18,7 @@ from jobqueue.core.listener import NotificationListener
 from jobqueue.core.policy import BackoffConfig
 from jobqueue.core.queries.job_event import JOB_QUEUED_LISTEN
 from jobqueue.core.settings import Settings
+from jobqueue.engine.finalize import FinishRules
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.gate import RouteGate
@@ -32,10 +33,12 @@ _POOL_SIZE = 4
 
 
 def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
-    """The WorkerConfig the settings describe (poll, heartbeat, grace, caps), with `overrides`."""
+    """The WorkerConfig the settings describe (poll, heartbeat, cancel check, grace, caps), with
+    `overrides`."""
     return replace(WorkerConfig(
         org_max_running=settings.org_max_running, priority_aging=settings.priority_aging,
         poll_interval=settings.poll_interval, heartbeat_interval=settings.heartbeat_interval,
+        cancel_check_interval=settings.cancel_check_interval,
         shutdown_grace=settings.shutdown_grace,
     ), **overrides)
 
@@ -101,11 +104,11 @@ def assemble_worker(
         if providers is None:
             built.close()
         raise
-    completer = Completer(opened)
+    backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
+                            rate_limit_min_wait=settings.rate_limit_min_wait)
+    completer = Completer(opened, FinishRules(backoff))
     executor = Executor(
-        completer=completer, providers=built,
-        backoff=BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
-                              rate_limit_min_wait=settings.rate_limit_min_wait),
+        completer=completer, providers=built, backoff=backoff,
         gate=RouteGate(opened, refresh=settings.gate_refresh, window=settings.route_limit_window),
         throttle_max_wait=settings.throttle_max_wait, pool=opened,
         stream_interval=settings.stream_interval)

@@ -1,4 +1,8 @@
-"""Batches the finalizes of a worker's job threads: one transaction for whatever is waiting."""
+"""Batches the finalizes of a worker's job threads: one transaction for whatever is waiting.
+
+It carries what each call came to (jobqueue/core/attempt.py) to the engine and its answer back;
+it decides nothing (jobqueue/engine/finalize.py does).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +16,11 @@ from typing import TypeVar
 import psycopg
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core.attempt import AttemptResult
 from jobqueue.core.db import DictConnection
+from jobqueue.core.states import JobState
 from jobqueue.engine import finalize
+from jobqueue.engine.claim import ClaimedJob
 
 __all__ = ["Completer", "FinishTimeout"]
 
@@ -37,9 +44,10 @@ T = TypeVar("T")
 
 @dataclass
 class _Pending:
-    finish: finalize.Finish
+    job: ClaimedJob
+    result: AttemptResult
     done: threading.Event = field(default_factory=threading.Event)
-    won: bool = False
+    written: JobState | None = None
     error: BaseException | None = None
 
 
@@ -53,8 +61,9 @@ class Completer:
     written is set apart from its neighbours (see finalize.finish).
     """
 
-    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+    def __init__(self, pool: ConnectionPool[DictConnection], rules: finalize.FinishRules) -> None:
         self._pool = pool
+        self._rules = rules
         self._queue: queue.SimpleQueue[_Pending | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -62,18 +71,22 @@ class Completer:
         # NOTE: for tests and benchmarks (like Worker.claim_rounds), read without a lock.
         self.batches = 0
 
-    def finish(self, finish: finalize.Finish) -> bool:
-        """Writes one finalize with whatever else is waiting; blocks until it is committed.
+    def finish(self, job: ClaimedJob, result: AttemptResult) -> JobState | None:
+        """Finalizes one job with whatever else is waiting; blocks until it is committed.
+
+        Args:
+            job: the claimed job.
+            result: what its provider call came to; the engine decides the transition.
 
         Returns:
-            False when the claim was lost (nothing written for this job).
+            The state written, or None when the claim was lost (nothing written for this job).
 
         Raises:
             psycopg.Error: the write failed (after retries, for connection errors).
             RuntimeError: the completer is closed.
             FinishTimeout: not written within FINISH_WAIT seconds (it may still be, later).
         """
-        pending = _Pending(finish)
+        pending = _Pending(job, result)
         with self._lock:
             if self._closed:
                 raise RuntimeError("the completer is closed")
@@ -85,7 +98,7 @@ class Completer:
             raise FinishTimeout(f"finalize not written within {FINISH_WAIT:g}s")
         if pending.error is not None:
             raise pending.error
-        return pending.won
+        return pending.written
 
     @property
     def waiting(self) -> int:
@@ -121,15 +134,16 @@ class Completer:
 
     def _write(self, batch: list[_Pending]) -> None:
         try:
-            won = _with_retries(lambda: finalize.finish(self._pool, [p.finish for p in batch]))
+            written = _with_retries(lambda: finalize.finish(
+                self._pool, [(p.job, p.result) for p in batch], self._rules))
         except Exception as exc:
             for pending in batch:
                 pending.error = exc
                 pending.done.set()
             return
         self.batches += 1
-        for pending, ok in zip(batch, won, strict=True):
-            pending.won = ok
+        for pending, state in zip(batch, written, strict=True):
+            pending.written = state
             pending.done.set()
 
 

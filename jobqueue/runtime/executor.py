@@ -1,11 +1,8 @@
-"""run_claimed: the worker's entry point for one claimed job (build context, call, decide, finalize)."""
+"""run_claimed: the worker's entry point for one claimed job (build context, call, report what it came to)."""
 
 from __future__ import annotations
 
-import random
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 
@@ -13,17 +10,20 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
+from jobqueue.core.attempt import CallFailed, CallRecord, CallSucceeded, CallThrottled
 from jobqueue.core.db import DictConnection
-from jobqueue.core.policy import BackoffConfig, ErrorKind, RetryAction, decide
+from jobqueue.core.policy import BackoffConfig, ErrorKind
 from jobqueue.core.routes import Route
-from jobqueue.engine import finalize
+from jobqueue.core.states import JobState
 from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
 from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.gate import RouteGate
-from jobqueue.runtime.provider import ProviderFailure, RoutedProviders
-from jobqueue.runtime.streaming import CallAbandoned, PartialWriter
+from jobqueue.runtime.provider import RoutedProviders
+from jobqueue.runtime.provider_answer import ProviderFailure
+from jobqueue.runtime.run_control import CallAbandoned, RunControl
+from jobqueue.runtime.streaming import PartialWriter
 
-__all__ = ["Executor", "Outcome", "RunControl"]
+__all__ = ["Executor", "Outcome"]
 
 log = structlog.get_logger(__name__)
 
@@ -38,39 +38,8 @@ class Outcome(StrEnum):
     ABANDONED = "abandoned"
 
 
-class RunControl:
-    """Settles the race between a job's thread and the heartbeat that finds its claim gone.
-
-    Once the thread starts finishing, the heartbeat can no longer abandon the job (the conditional
-    finalize decides); once the heartbeat abandons it, the thread drops its result.
-    `on_finishing` runs once the provider call is over and the finalize begins.
-    """
-
-    # PERF: one lock for every run of the process, held for a few bytecodes: a lock per job cost
-    # about 5 % of a gevent worker's CPU at 2,048 calls in flight (creating a gevent lock is dear).
-    _lock = threading.Lock()
-
-    def __init__(self, on_finishing: Callable[[], None] | None = None) -> None:
-        self._abandoned = False
-        self._finishing = False
-        self._on_finishing = on_finishing
-
-    def abandon(self) -> bool:
-        """Marks the job abandoned; False when its finalize has already begun."""
-        with self._lock:
-            if not self._finishing:
-                self._abandoned = True
-            return self._abandoned
-
-    def begin_finish(self) -> bool:
-        """Marks the job finishing; False when it was abandoned first."""
-        with self._lock:
-            if not self._abandoned:
-                self._finishing = True
-            finishing = self._finishing
-        if finishing and self._on_finishing is not None:
-            self._on_finishing()
-        return finishing
+_OUTCOMES = {JobState.SUCCEEDED: Outcome.SUCCEEDED, JobState.QUEUED: Outcome.REQUEUED,
+             JobState.FAILED: Outcome.FAILED}
 
 
 @dataclass
@@ -84,7 +53,6 @@ class Executor:
     throttle_max_wait: float
     pool: ConnectionPool[DictConnection]
     stream_interval: float
-    rng: random.Random = field(default_factory=random.Random)
 
     @staticmethod
     def build_messages(job: ClaimedJob) -> list[dict[str, str]]:
@@ -135,12 +103,15 @@ class Executor:
         on_delta = PartialWriter(self.pool, job, self.stream_interval).feed if route.stream else None
         try:
             completion = provider.complete(model, messages, on_delta=on_delta, params={
-                name: job.options[name] for name in SENT_OPTIONS if name in job.options})
+                name: job.options[name] for name in SENT_OPTIONS if name in job.options},
+                control=control)
         except CallAbandoned:
-            # NOTE: cancelled or taken away mid-stream: the provider call was cut at once.
-            if control is not None:
-                control.abandon()
-            bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
+            # NOTE: whoever abandoned the run (worker.py) logged it; a stream's write finding the
+            # job gone is logged here, once.
+            if control is None or not control.abandoned:
+                if control is not None:
+                    control.abandon()
+                bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
             return Outcome.ABANDONED
         except ProviderFailure as failure:
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
@@ -161,13 +132,12 @@ class Executor:
         self.gate.spent(route, (completion.tokens_in or 0) + (completion.tokens_out or 0))
         if not self._may_finish(control, bound):
             return Outcome.ABANDONED
-        call = finalize.CallRecord(
+        call = CallRecord(
             model=completion.model, latency_ms=completion.latency_ms,
             http_status=completion.http_status, tokens_in=completion.tokens_in,
             tokens_out=completion.tokens_out,
         )
-        won = self.completer.finish(finalize.succeeded(job, completion.content, call))
-        return self._report(bound, won, Outcome.SUCCEEDED)
+        return self._report(bound, self.completer.finish(job, CallSucceeded(completion.content, call)))
 
     @staticmethod
     def _may_finish(control: RunControl | None, bound: structlog.typing.FilteringBoundLogger,
@@ -192,28 +162,21 @@ class Executor:
             delay = self.gate.pause(route, seconds, "429")
         else:
             delay = failure.retry_after or 0.0
-        call = finalize.CallRecord(model=model, http_status=failure.http_status,
-                                   latency_ms=failure.latency_ms if called else None)
-        won = self.completer.finish(finalize.throttled(
-            job, f"{failure.message} (route {route.name!r} paused {delay:.1f}s; attempt kept)",
-            delay, call))
-        return self._report(bound, won, Outcome.REQUEUED)
+        call = CallRecord(model=model, http_status=failure.http_status,
+                          latency_ms=failure.latency_ms if called else None)
+        return self._report(bound, self.completer.finish(job, CallThrottled(
+            f"{failure.message} (route {route.name!r} paused {delay:.1f}s; attempt kept)",
+            delay, call)))
 
     def _handle_failure(
         self, job: ClaimedJob, failure: ProviderFailure, model: str,
         bound: structlog.typing.FilteringBoundLogger,
     ) -> Outcome:
-        decision = decide(failure.kind, job.attempt, job.max_attempts, failure.retry_after,
-                          self.backoff, self.rng)
-        call = finalize.CallRecord(model=model, latency_ms=failure.latency_ms,
-                                   http_status=failure.http_status)
-        message = f"{failure.message} ({decision.reason})"
-        if decision.action is RetryAction.RETRY:
-            won = self.completer.finish(finalize.requeued(job, failure.kind, message, decision.delay,
-                                                          call))
-            return self._report(bound, won, Outcome.REQUEUED)
-        won = self.completer.finish(finalize.failed(job, failure.kind, message, call))
-        return self._report(bound, won, Outcome.FAILED)
+        """Hands the failure to the engine, which retries or fails it (jobqueue/engine/finalize.py)."""
+        call = CallRecord(model=model, latency_ms=failure.latency_ms,
+                          http_status=failure.http_status)
+        return self._report(bound, self.completer.finish(
+            job, CallFailed(failure.kind, failure.message, call, failure.retry_after)))
 
     def fail_unexpected(self, job: ClaimedJob, exc: BaseException) -> Outcome:
         """Finalizes a job whose run raised something unforeseen, as `unknown` (retryable)."""
@@ -226,12 +189,12 @@ class Executor:
         return str(job.options.get("model") or self.providers.routes.default_model)
 
     @staticmethod
-    def _report(bound: structlog.typing.FilteringBoundLogger, won: bool, outcome: Outcome) -> Outcome:
-        """The outcome, or CLAIM_LOST when the finalize found the job no longer ours.
+    def _report(bound: structlog.typing.FilteringBoundLogger, written: JobState | None) -> Outcome:
+        """The outcome the engine wrote, or CLAIM_LOST when it found the job no longer ours.
 
         NOTE: a written finalize is logged with its transition (jobqueue/engine/transitions.py).
         """
-        if not won:
-            bound.warning("job.claim_lost", intended=outcome.value)
+        if written is None:
+            bound.warning("job.claim_lost")
             return Outcome.CLAIM_LOST
-        return outcome
+        return _OUTCOMES[written]

@@ -1,23 +1,21 @@
-"""The OpenAI-compatible provider adapter: keep-alive stdlib HTTP per job, one deadline, typed failures."""
+"""The OpenAI-compatible provider adapter: keep-alive stdlib HTTP per job, one deadline, typed failures.
+
+The client and its routes live here; the sockets and their deadline in provider_transport.py,
+the reading of an answer in provider_answer.py.
+"""
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import http.client
-import io
 import json
-import math
-import select
-import socket
 import ssl
 import threading
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from jobqueue.core import metrics
@@ -25,49 +23,33 @@ from jobqueue.core.policy import ErrorKind, classify_status, parse_retry_after
 from jobqueue.core.redact import redact
 from jobqueue.core.routes import Route, Routes
 from jobqueue.core.settings import DEFAULT_MAX_RESPONSE_BYTES
+from jobqueue.runtime.provider_answer import (
+    Completion,
+    ProviderFailure,
+    TooLarge,
+    check_storable,
+    completion_from,
+    elapsed_ms,
+    error_message,
+    parse_answer,
+    unreadable,
+)
+from jobqueue.runtime.provider_transport import (
+    Connection,
+    DeadlineHTTPConnection,
+    DeadlineHTTPSConnection,
+    cut,
+    environment_proxy,
+    idle_socket_readable,
+    proxy_authorization,
+    remaining,
+)
+from jobqueue.runtime.run_control import CallAbandoned, RunControl
 
-__all__ = ["DEFAULT_CONNECT_TIMEOUT", "Completion", "Provider", "ProviderFailure",
-           "RoutedProviders"]
-
-# NOTE: keep stored error messages short; provider bodies can be large.
-_MESSAGE_LIMIT = 500
+__all__ = ["DEFAULT_CONNECT_TIMEOUT", "Provider", "RoutedProviders"]
 
 # NOTE: connecting takes at most this long by default (or the call's deadline, if sooner).
 DEFAULT_CONNECT_TIMEOUT = 10.0
-_READ_BUFFER = 65536
-
-
-@dataclass(frozen=True)
-class Completion:
-    """A successful chat completion and what the ledger records about it."""
-
-    content: str
-    model: str
-    tokens_in: int | None
-    tokens_out: int | None
-    http_status: int
-    latency_ms: int
-    request_id: str | None
-
-
-class ProviderFailure(Exception):
-    """A provider call that did not produce a completion, already classified."""
-
-    def __init__(
-        self,
-        kind: ErrorKind,
-        message: str,
-        *,
-        http_status: int | None = None,
-        retry_after: float | None = None,
-        latency_ms: int = 0,
-    ) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message[:_MESSAGE_LIMIT]
-        self.http_status = http_status
-        self.retry_after = retry_after
-        self.latency_ms = latency_ms
 
 
 class Provider:
@@ -121,8 +103,8 @@ class Provider:
         self._host = url.hostname
         self._port = port or (443 if self._tls else 80)
         self._path = url.path.rstrip("/") + "/chat/completions" + (f"?{url.query}" if url.query else "")
-        self._proxy = _environment_proxy(url.scheme, self._host)
-        proxy_headers = _proxy_authorization(self._proxy)
+        self._proxy = environment_proxy(url.scheme, self._host)
+        proxy_headers = proxy_authorization(self._proxy)
         self._tunnel_headers = proxy_headers if self._tls is not None else {}
         if self._proxy is not None and self._tls is None:
             # NOTE: a plain-http request through a proxy names its whole URL (absolute form).
@@ -140,19 +122,16 @@ class Provider:
         self._headers.update(headers or {})
         self._local = threading.local()
         self._lock = threading.Lock()
-        self._open: set[_Connection] = set()
+        self._open: set[Connection] = set()
 
     def close(self) -> None:
         """Closes every connection, waking any call still reading (it fails at once)."""
         with self._lock:
             connections, self._open = self._open, set()
         for conn in connections:
-            # NOTE: close() alone does not wake a thread blocked in recv() on the same socket
-            # (the response's file keeps it open); shutdown() does, so SIGTERM never waits on a
-            # provider that drips.
+            # NOTE: SIGTERM never waits on a provider that drips.
             if conn.sock is not None:
-                with contextlib.suppress(OSError):
-                    conn.sock.shutdown(socket.SHUT_RDWR)
+                cut(conn.sock)
             conn.close()
 
     def complete(
@@ -161,6 +140,7 @@ class Provider:
         messages: list[dict[str, str]],
         on_delta: Callable[[str], None] | None = None,
         params: Mapping[str, Any] | None = None,
+        control: RunControl | None = None,
     ) -> Completion:
         """Runs one chat completion and records its latency by outcome.
 
@@ -170,26 +150,33 @@ class Provider:
             on_delta: when given, the call asks for a streamed answer (`stream: true`, server-sent
                 events) and passes each piece of text as it arrives; the completion holds them all.
             params: more request body fields (temperature, stop...), sent as they are.
+            control: the run's control; abandoning it closes the call's connection at once.
 
         Returns:
             The completion.
 
         Raises:
             ProviderFailure: any failure, with its error_kind.
+            CallAbandoned: `control` was abandoned during the call (its connection is closed).
         """
         started = time.monotonic()
         try:
-            completion = self._call(model, messages, on_delta, params or {}, started)
+            completion = self._call(model, messages, on_delta, params or {}, started, control)
         except ProviderFailure as failure:
+            if control is not None and control.abandoned:
+                raise CallAbandoned("the call was cut: the job is no longer ours") from failure
             metrics.PROVIDER_REQUEST_SECONDS.labels(outcome=failure.kind.value).observe(
                 time.monotonic() - started)
             raise
+        finally:
+            if control is not None:
+                control.detach()
         metrics.PROVIDER_REQUEST_SECONDS.labels(outcome="ok").observe(time.monotonic() - started)
         return completion
 
     def _call(self, model: str, messages: list[dict[str, str]],
               on_delta: Callable[[str], None] | None, params: Mapping[str, Any],
-              started: float) -> Completion:
+              started: float, control: RunControl | None) -> Completion:
         request: dict[str, Any] = {**params, "model": model, "messages": messages}
         if on_delta is not None:
             # NOTE: OpenAI reports a stream's token counts only when asked (a last chunk).
@@ -200,7 +187,9 @@ class Provider:
         try:
             conn = self._connection(deadline)
             assert conn.sock is not None
-            conn.sock.settimeout(_remaining(deadline))
+            if control is not None:
+                control.attach(partial(cut, conn.sock))
+            conn.sock.settimeout(remaining(deadline))
             conn.request("POST", self._path, body=body, headers=self._headers)
             response = conn.getresponse()
             try:
@@ -214,18 +203,20 @@ class Provider:
                    if self._read_timeout and time.monotonic() < deadline else
                    f"provider call exceeded SA_PROVIDER_TIMEOUT={self._timeout:g}s")
             raise ProviderFailure(ErrorKind.TIMEOUT, f"{why} ({type(exc).__name__})",
-                                  latency_ms=_elapsed_ms(started)) from exc
-        except _TooLarge as exc:
+                                  latency_ms=elapsed_ms(started)) from exc
+        except TooLarge as exc:
             raise ProviderFailure(
                 ErrorKind.PARSE,
                 f"provider response larger than SA_PROVIDER_MAX_RESPONSE_BYTES={self._max_bytes}",
-                http_status=exc.status, latency_ms=_elapsed_ms(started),
+                http_status=exc.status, latency_ms=elapsed_ms(started),
             ) from None
         except (OSError, http.client.HTTPException) as exc:
             self._drop()
+            if control is not None and control.abandoned:
+                raise CallAbandoned("the call was cut: the job is no longer ours") from exc
             raise ProviderFailure(
                 ErrorKind.UNKNOWN, f"provider unreachable: {type(exc).__name__}: {exc}",
-                latency_ms=_elapsed_ms(started),
+                latency_ms=elapsed_ms(started),
             ) from exc
 
     def _answer(self, response: http.client.HTTPResponse, model: str,
@@ -235,23 +226,23 @@ class Provider:
             data = self._read(response)
             raise ProviderFailure(
                 classify_status(response.status),
-                f"provider answered {response.status}: {_error_message(data)}",
+                f"provider answered {response.status}: {error_message(data)}",
                 http_status=response.status,
                 retry_after=parse_retry_after(response.getheader("retry-after"), datetime.now(UTC)),
-                latency_ms=_elapsed_ms(started),
+                latency_ms=elapsed_ms(started),
             )
         if on_delta is not None and (response.getheader("content-type") or "").startswith(
                 "text/event-stream"):
             return self._read_stream(response, model, on_delta, started)
-        return _parse(self._read(response), response.status, model, _elapsed_ms(started))
+        return parse_answer(self._read(response), response.status, model, elapsed_ms(started))
 
     def _read(self, response: http.client.HTTPResponse) -> bytes:
         """The whole body, refusing one past the size cap before reading it when its length says so."""
         if (response.length or 0) > self._max_bytes:
-            raise _TooLarge(response.status)
+            raise TooLarge(response.status)
         data = response.read(self._max_bytes + 1)
         if len(data) > self._max_bytes:
-            raise _TooLarge(response.status)
+            raise TooLarge(response.status)
         return data
 
     def _read_stream(self, response: http.client.HTTPResponse, model: str,
@@ -270,7 +261,7 @@ class Provider:
         while line := response.readline(self._max_bytes + 1 - seen):
             seen += len(line)
             if seen > self._max_bytes:
-                raise _TooLarge(response.status)
+                raise TooLarge(response.status)
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
@@ -282,9 +273,9 @@ class Provider:
                 delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content") or ""
                 if not isinstance(delta, str):
                     raise TypeError("delta content is not a string")
-                _check_storable(delta)
+                check_storable(delta)
             except (ValueError, LookupError, TypeError, AttributeError) as exc:
-                raise _unreadable(exc, data, response.status, _elapsed_ms(started)) from exc
+                raise unreadable(exc, data, response.status, elapsed_ms(started)) from exc
             last, usage = chunk, chunk.get("usage") or usage
             finished = finished or bool((chunk.get("choices") or [{}])[0].get("finish_reason"))
             if delta:
@@ -293,14 +284,14 @@ class Provider:
         if not finished:
             raise ProviderFailure(ErrorKind.UNKNOWN,
                                   "provider stream ended before its last chunk (cut short)",
-                                  http_status=response.status, latency_ms=_elapsed_ms(started))
-        return _completion(last, "".join(parts), usage, model, response.status,
-                           _elapsed_ms(started))
+                                  http_status=response.status, latency_ms=elapsed_ms(started))
+        return completion_from(last, "".join(parts), usage, model, response.status,
+                           elapsed_ms(started))
 
-    def _connection(self, deadline: float) -> _Connection:
+    def _connection(self, deadline: float) -> Connection:
         """This job's connection; a new one when there is none or the server has closed it."""
-        conn: _Connection | None = getattr(self._local, "conn", None)
-        if conn is not None and conn.sock is not None and not _idle_socket_readable(conn.sock):
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is not None and conn.sock is not None and not idle_socket_readable(conn.sock):
             conn.deadline = deadline
             conn.read_timeout = self._read_timeout
             return conn
@@ -309,13 +300,13 @@ class Provider:
         host, port = self._host, self._port
         if self._proxy is not None:
             host, port = self._proxy.hostname or "", self._proxy.port or 80
-        timeout = min(self._connect_timeout, _remaining(deadline))
+        timeout = min(self._connect_timeout, remaining(deadline))
         if self._tls is not None:
-            conn = _HTTPSConnection(host, port, timeout=timeout, context=self._tls)
+            conn = DeadlineHTTPSConnection(host, port, timeout=timeout, context=self._tls)
             if self._proxy is not None:
                 conn.set_tunnel(self._host, self._port, headers=self._tunnel_headers)
         else:
-            conn = _HTTPConnection(host, port, timeout=timeout)
+            conn = DeadlineHTTPConnection(host, port, timeout=timeout)
         # NOTE: the deadline bounds the proxy's CONNECT answer too.
         conn.deadline = deadline
         conn.read_timeout = self._read_timeout
@@ -327,7 +318,7 @@ class Provider:
 
     def _drop(self) -> None:
         """Closes and forgets this job's connection, if it has one."""
-        conn: _Connection | None = getattr(self._local, "conn", None)
+        conn: Connection | None = getattr(self._local, "conn", None)
         if conn is None:
             return
         conn.close()
@@ -368,218 +359,3 @@ class RoutedProviders:
         """Closes every route's connections."""
         for provider in self.providers.values():
             provider.close()
-
-
-class _TooLarge(Exception):
-    def __init__(self, status: int) -> None:
-        super().__init__(status)
-        self.status = status
-
-
-class _DeadlineReader(io.RawIOBase):
-    """A response's socket reads, each bounded by what is left of the call's deadline.
-
-    NOTE: a per-read timeout alone lets a server that sends one byte a second hold a call for
-    ever (status line and headers included); checking the deadline before every recv does not.
-    """
-
-    def __init__(self, sock: socket.socket, conn: _Connection) -> None:
-        super().__init__()
-        self._sock = sock
-        self._conn = conn
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        left = _remaining(self._conn.deadline)
-        idle = self._conn.read_timeout
-        self._sock.settimeout(min(left, idle) if idle else left)
-        return self._sock.recv_into(buffer)
-
-
-class _DeadlineSocket:
-    """What http.client's response reads from: `makefile()` is all it asks of its socket."""
-
-    def __init__(self, conn: _Connection) -> None:
-        self._conn = conn
-
-    def makefile(self, mode: str) -> io.BufferedReader:
-        assert self._conn.sock is not None
-        return io.BufferedReader(_DeadlineReader(self._conn.sock, self._conn), _READ_BUFFER)
-
-
-def _response_class(conn: _Connection) -> Callable[..., http.client.HTTPResponse]:
-    def build(sock: socket.socket, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:
-        return http.client.HTTPResponse(_DeadlineSocket(conn), *args, **kwargs)  # type: ignore[arg-type]
-    return build
-
-
-class _HTTPConnection(http.client.HTTPConnection):
-    deadline: float = math.inf
-    read_timeout: float = 0.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.response_class = _response_class(self)  # type: ignore[assignment]
-
-
-class _HTTPSConnection(http.client.HTTPSConnection):
-    deadline: float = math.inf
-    read_timeout: float = 0.0
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.response_class = _response_class(self)  # type: ignore[assignment]
-
-
-_Connection = _HTTPConnection | _HTTPSConnection
-
-
-def _remaining(deadline: float) -> float:
-    """Seconds left before `deadline`; raises TimeoutError when none are."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise TimeoutError("the call's deadline has passed")
-    return left
-
-
-def _environment_proxy(scheme: str, host: str) -> urllib.parse.SplitResult | None:
-    """The proxy the environment names for `scheme`, or None (none named, or NO_PROXY exempts `host`).
-
-    Raises:
-        ValueError: the proxy is not an http:// URL (the message hides its password).
-    """
-    proxies = urllib.request.getproxies_environment()
-    proxy = proxies.get(scheme) or proxies.get("all")
-    if not proxy or urllib.request.proxy_bypass(host):
-        return None
-    parsed = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
-    try:
-        port = parsed.port
-    except ValueError:
-        port = -1
-    if parsed.scheme != "http" or not parsed.hostname or port == -1:
-        raise ValueError(f"the {scheme} proxy must be http://[user:password@]host[:port], "
-                         f"not {redact(parsed.geturl())!r}")
-    return parsed
-
-
-def _proxy_authorization(proxy: urllib.parse.SplitResult | None) -> dict[str, str]:
-    """The Proxy-Authorization header for a proxy URL with user:password, else nothing."""
-    if proxy is None or proxy.username is None:
-        return {}
-    credentials = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
-    return {"Proxy-Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
-
-
-def _idle_socket_readable(sock: socket.socket) -> bool:
-    """True when an idle keep-alive socket has something to read: the server closed it (or sent junk).
-
-    PERF: a non-blocking peek, not select(): under gevent a select() call sets up and tears down
-    a watcher on the hub, several times the cost of one recv syscall. TLS sockets take no recv
-    flags and keep select().
-    """
-    try:
-        sock.settimeout(0)
-        sock.recv(1, socket.MSG_PEEK)
-    except BlockingIOError:
-        return False
-    except ValueError:
-        try:
-            readable, _, _ = select.select([sock], [], [], 0)
-        except (OSError, ValueError):
-            return True
-        return bool(readable)
-    except OSError:
-        return True
-    return True
-
-
-def _text(data: bytes) -> str:
-    """The start of a body for an error message, in text Postgres can store (no NUL)."""
-    return data[:_MESSAGE_LIMIT].decode("utf-8", "replace").replace("\x00", "\ufffd")
-
-
-def _error_message(data: bytes) -> str:
-    """The message of an error body as OpenAI, Azure, vLLM or Ollama write it, else its start.
-
-    OpenAI and Azure: `{"error": {"message": ...}}`; vLLM: `{"object": "error", "message": ...}`;
-    Ollama: `{"error": "..."}` (tests/test_conformance.py replays each).
-    """
-    try:
-        body: Any = json.loads(data)
-    except ValueError:
-        return _text(data)
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, dict):
-        error = error.get("message")
-    message = error if isinstance(error, str) else (
-        body.get("message") if isinstance(body, dict) else None)
-    if not isinstance(message, str) or not message.strip():
-        return _text(data)
-    return _text(message.encode())
-
-
-def _elapsed_ms(started: float) -> int:
-    return int((time.monotonic() - started) * 1000)
-
-
-def _check_storable(text: str) -> None:
-    """Refuses text Postgres cannot store, so the call fails once as `parse` (not later, retried).
-
-    Raises:
-        ValueError: a NUL character or a lone surrogate (UnicodeEncodeError is a ValueError).
-    """
-    if "\x00" in text:
-        raise ValueError("the text contains a NUL character")
-    text.encode("utf-8")
-
-
-def _unreadable(exc: Exception, data: bytes, status: int, latency_ms: int) -> ProviderFailure:
-    return ProviderFailure(
-        ErrorKind.PARSE,
-        f"unreadable provider response ({type(exc).__name__}: {str(exc)[:100]}): {_text(data)}",
-        http_status=status,
-        latency_ms=latency_ms,
-    )
-
-
-def _parse(data: bytes, status: int, model: str, latency_ms: int) -> Completion:
-    try:
-        body: Any = json.loads(data)
-        content = body["choices"][0]["message"]["content"]
-        if not isinstance(content, str):
-            raise TypeError("message content is not a string")
-        usage = body.get("usage") or {}
-        return _completion(body, content, usage, model, status, latency_ms)
-    except (ValueError, LookupError, TypeError, AttributeError) as exc:
-        raise _unreadable(exc, data, status, latency_ms) from exc
-
-
-def _completion(body: dict[str, Any], content: str, usage: dict[str, Any], model: str,
-                status: int, latency_ms: int) -> Completion:
-    """Builds the completion from the answer's fields, refusing any Postgres cannot store.
-
-    Raises:
-        ValueError, TypeError: a field is unusable.
-    """
-    completion = Completion(
-        content=content,
-        model=str(body.get("model") or model),
-        tokens_in=_count(usage.get("prompt_tokens")),
-        tokens_out=_count(usage.get("completion_tokens")),
-        http_status=status,
-        latency_ms=latency_ms,
-        request_id=None if body.get("id") is None else str(body["id"]),
-    )
-    for text in (completion.content, completion.model, completion.request_id or ""):
-        _check_storable(text)
-    return completion
-
-
-def _count(value: Any) -> int | None:
-    """A token count as an int column takes it, or None for anything else."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31:
-        return value
-    return None

@@ -15,12 +15,9 @@ from jobqueue.core import wakeup
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import partial as q
 from jobqueue.engine.claim import ClaimedJob
+from jobqueue.runtime.run_control import CallAbandoned
 
-__all__ = ["CallAbandoned", "PartialWriter"]
-
-
-class CallAbandoned(Exception):
-    """The job stopped being ours mid-stream (cancelled, reclaimed): the call is given up."""
+__all__ = ["PartialWriter"]
 
 
 class PartialWriter:

@@ -25,9 +25,11 @@ from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.engine.claim import ClaimedJob, claim, next_due
+from jobqueue.engine.departures import DepartureWatch
 from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.runtime.completer import FinishTimeout
-from jobqueue.runtime.executor import Executor, Outcome, RunControl
+from jobqueue.runtime.executor import Executor, Outcome
+from jobqueue.runtime.run_control import RunControl
 
 __all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
 
@@ -58,6 +60,7 @@ class WorkerConfig:
     priority_aging: float = DEFAULT_PRIORITY_AGING
     poll_interval: float = 2.0
     heartbeat_interval: float = 30.0
+    cancel_check_interval: float = 0.5
     shutdown_grace: float = 30.0
 
     def __post_init__(self) -> None:
@@ -67,8 +70,9 @@ class WorkerConfig:
             raise ValueError("batch_size must be at least 1")
         if not 0 <= self.priority_ceiling <= 100:
             raise ValueError("priority_ceiling must be within 0..100")
-        if self.poll_interval <= 0 or self.heartbeat_interval <= 0:
-            raise ValueError("poll_interval and heartbeat_interval must be positive")
+        if min(self.poll_interval, self.heartbeat_interval, self.cancel_check_interval) <= 0:
+            raise ValueError(
+                "poll_interval, heartbeat_interval and cancel_check_interval must be positive")
         if self.org_max_running < 0:
             raise ValueError("org_max_running must not be negative (0 means no cap)")
         if self.shutdown_grace < 0:
@@ -114,12 +118,14 @@ class Worker:
         # NOTE: the due times heard of (time.monotonic()), soonest first, so a job due sooner than
         # one heard of earlier does not make the worker forget the later one.
         self._dues: list[float] = []
+        self._departures = DepartureWatch(self.worker_id)
         self._runs: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._runners: list[threading.Thread] = []
         self._idle_runners = 0
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
         self.claim_failures = 0
+        self.departure_looks = 0
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
@@ -161,6 +167,12 @@ class Worker:
         self.log.info("worker.started", concurrency=self.config.concurrency, once=once)
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="sa-heartbeat", daemon=True)
         heartbeat.start()
+        # NOTE: the watch's first look places its cursor before the first claim: a job claimed
+        # after it leaves `running` by a later event. Should it fail, the loop places it later
+        # and the heartbeat covers the jobs claimed meanwhile.
+        self._watch_safely()
+        watch = threading.Thread(target=self._departure_loop, name="sa-departures", daemon=True)
+        watch.start()
         try:
             if once:
                 self._claim_round()
@@ -171,6 +183,7 @@ class Worker:
         finally:
             self._shutdown()
             heartbeat.join(timeout=5)
+            watch.join(timeout=5)
         # NOTE: the database round trips this worker made, for operators and bench/throughput.py.
         self.log.info("worker.stopped", claims=self.claim_rounds,
                       finalize_batches=self.executor.completer.batches)
@@ -266,8 +279,9 @@ class Worker:
         """Adds a job thread; called only when none is idle.
 
         PERF: job threads outlive their jobs, so a job costs no thread start and each thread keeps
-        its provider connection. An abandoned job's thread stays busy until its call returns, so
-        the pool grows past `concurrency` by the number of such calls still hanging.
+        its provider connection. An abandoned job's thread stays busy until its cut call
+        returns (at once, unless the provider's connect is still pending), so the pool may grow
+        past `concurrency` by the number of such calls.
         """
         runner = threading.Thread(target=self._runner_loop, name=f"sa-job-{len(self._runners)}",
                                   daemon=True)
@@ -327,12 +341,35 @@ class Worker:
             return 0
         alive = heartbeat(self.pool, self.worker_id,
                           {job_id: run.job.org_id for job_id, run in snapshot.items()})
-        # NOTE: a job whose finalize began during this UPDATE is not lost: it may just have
-        # committed; its own guarded write tells.
-        lost = [run for run in snapshot.values()
-                if (run.job.id, run.job.attempt) not in alive and run.control.abandon()]
+        return self._abandon([run for run in snapshot.values()
+                              if (run.job.id, run.job.attempt) not in alive], "heartbeat")
+
+    def watch_departures_once(self) -> int:
+        """Cuts the calls of the jobs taken from this worker since the last look (cancelled,
+        reclaimed, changed by SQL), read from the event log in one pass whatever the jobs held.
+
+        Returns:
+            How many calls were cut.
+        """
+        with self._lock:
+            calling = {job_id: run for job_id, run in self._inflight.items()
+                       if job_id not in self._finishing}
+        gone = self._departures.departed(
+            self.pool, {job_id: run.job.attempt for job_id, run in calling.items()})
+        self.departure_looks += 1
+        return self._abandon([calling[job_id] for job_id in gone], "event_log")
+
+    def _abandon(self, runs: list[_Run], found_by: str) -> int:
+        """Abandons the runs whose jobs are no longer ours (their calls are cut) and frees
+        their slots; one log line each. Returns how many were abandoned.
+
+        NOTE: a job whose finalize began meanwhile is not lost: it may just have committed; its
+        own guarded write tells.
+        """
+        lost = [run for run in runs if run.control.abandon()]
         for run in lost:
-            self.log.warning("job.claim_lost", job_id=str(run.job.id), attempt=run.job.attempt)
+            self.log.warning("job.claim_lost", job_id=str(run.job.id), attempt=run.job.attempt,
+                             found_by=found_by)
             self._release_slot(run)
         return len(lost)
 
@@ -342,6 +379,25 @@ class Worker:
                 self.heartbeat_once()
             except Exception:
                 self.log.exception("worker.heartbeat_failed")
+
+    def _watch_safely(self) -> None:
+        try:
+            self.watch_departures_once()
+        except psycopg.Error as exc:
+            # NOTE: the database's trouble: the next look retries, the heartbeat still covers.
+            self.log.warning("worker.departure_watch_failed", error=str(exc).strip(),
+                             error_type=type(exc).__name__)
+        except Exception:
+            self.log.exception("worker.departure_watch_failed")
+
+    def _departure_loop(self) -> None:
+        """Looks for departed jobs every `cancel_check_interval` until the worker stops.
+
+        PERF: three constant-cost statements per look per worker (jobqueue/engine/departures.py),
+        plus one probe by id when a job it holds appears there.
+        """
+        while not self._stopping.wait(self.config.cancel_check_interval):
+            self._watch_safely()
 
     def _shutdown(self) -> None:
         self._stopping.set()

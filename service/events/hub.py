@@ -15,12 +15,12 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.horizon import Observed
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.queries import job_event as q
 from jobqueue.core.settings import Settings
 from service.events.deltas import DeltaReader
 from service.events.fanout import Fanout
-from service.events.horizon import Observed
 from service.events.log import EventLog
 from service.events.model import Live
 from service.events.subscription import Subscription

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.horizon import EventHorizon, Observed, look
 from jobqueue.core.queries import job_event as q
-from service.events.horizon import EventHorizon, Observed
 from service.events.model import JobEvent
 
 __all__ = ["EventLog", "Page"]
@@ -43,12 +43,7 @@ class EventLog:
     def look(self, conn: DictConnection) -> tuple[Observed, int]:
         """Takes a barrier: the sequence's last value, THEN the lock holders (two statements, in
         this order; see horizon.py). Returns what it changed and the last value read."""
-        last_row = conn.execute(q.JOB_EVENT_SEQUENCE_LAST).fetchone()
-        holders_row = conn.execute(q.JOB_EVENT_WRITERS_HOLDING).fetchone()
-        assert last_row is not None and holders_row is not None
-        observed = self._horizon.observe(last_row["last_id"], frozenset(holders_row["holders"]),
-                                         holders_row["prepared"])
-        return observed, int(last_row["last_id"])
+        return look(conn, self._horizon)
 
     def next_page(self, conn: DictConnection) -> Page:
         """Reads the next page after the cursor and hands out its final events (cursor moves)."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from jobqueue.core.horizon import EventHorizon, Observed
 from jobqueue.core.settings import Settings, SettingsError
-from service.events.horizon import EventHorizon, Observed
 
 NOBODY: frozenset[str] = frozenset()
 

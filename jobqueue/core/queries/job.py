@@ -11,6 +11,7 @@ __all__ = [
     "JOB_HEARTBEAT_MANY_IF_CLAIMED",
     "JOB_LIST_CLAIMED",
     "JOB_LIST_FOR_PROMPT_PAGE",
+    "JOB_LIST_STILL_CLAIMED",
     "JOB_PAGE_PLAN_SETTINGS",
     "JOB_PLAN_SETTINGS",
     "JOB_REJECT_MANY_IF_CLAIMED",
@@ -168,6 +169,15 @@ UPDATE sa_job
  WHERE id = ANY(%(job_ids)s) AND state IS NOT DISTINCT FROM 'running'
    AND worker_claim = %(claim)s
 RETURNING id, attempt
+"""
+
+# served by sa_job_pkey (id). The departure watch's check of the few jobs the event log says
+# left `running`: an event may be an earlier attempt's, so the row decides. Read only, unlike
+# the heartbeat: nothing to refresh.
+JOB_LIST_STILL_CLAIMED = """
+SELECT id, attempt FROM sa_job
+ WHERE id = ANY(%(job_ids)s::uuid[]) AND state IS NOT DISTINCT FROM 'running'
+   AND worker_claim IS NOT DISTINCT FROM %(claim)s
 """
 
 # served by sa_job_worker_claim_idx (worker_claim) WHERE state = 'running': the jobs a worker

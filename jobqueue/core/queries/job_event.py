@@ -5,6 +5,7 @@ __all__ = [
     "JOB_EVENT_LIST_AFTER",
     "JOB_EVENT_LIST_FOR_ORG_BETWEEN",
     "JOB_EVENT_LIST_FOR_USER_BETWEEN",
+    "JOB_EVENT_LIST_LEFT_RUNNING_AFTER",
     "JOB_EVENT_NOTIFY_MANY",
     "JOB_EVENT_SEQUENCE_LAST",
     "JOB_EVENT_WRITERS_HOLDING",
@@ -54,6 +55,22 @@ JOB_EVENT_LIST_AFTER = "SELECT" + _EVENT_SELECT + _EVENT_FROM + """
  LIMIT %(limit)s
 """
 
+# served by sa_job_event_pkey (id), 0001_core_schema.sql: each worker's departure watch
+# (jobqueue/engine/departures.py), a keyset walk from its cursor over the last moments of the
+# log, stopped by the LIMIT. Only the job ids of transitions out of `running` come back (any
+# canceller's, SQL included); the worker keeps those it holds and checks them by id.
+# PERF: no index on from_state: every transition would pay for it, and the walk only covers
+# the events since the last poll (about half a second of them). The range is closed at the
+# sequence's last value the look read (`upto`): an open `id > $1` is a third of the table to a
+# generic plan, which then reads it by bitmap and sorts it.
+JOB_EVENT_LIST_LEFT_RUNNING_AFTER = """
+SELECT e.id, e.job_id
+  FROM sa_job_event e
+ WHERE e.id > %(after)s AND e.id <= %(upto)s AND e.from_state = 'running'
+ ORDER BY e.id
+ LIMIT %(limit)s
+"""
+
 # NOTE: a replay page also stops once the texts before an event pass `max_bytes` (the event
 # that passes it still comes: a page is never empty), so a stream that does not read holds one
 # page of bounded size; the next page starts after the last event sent. An event's text counts
@@ -86,7 +103,7 @@ _REPLAY_TAIL = """
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql: the
 # Last-Event-ID replay of one client. `upto` is the hub's delivered cursor when the client
-# registered, below which every id is final (see service/events/horizon.py).
+# registered, below which every id is final (see jobqueue/core/horizon.py).
 JOB_EVENT_LIST_FOR_USER_BETWEEN = _REPLAY_HEAD + """
  WHERE e.org_id = %(org_id)s AND e.created_by = %(user_id)s""" + _REPLAY_TAIL
 
@@ -97,7 +114,7 @@ JOB_EVENT_LIST_FOR_ORG_BETWEEN = _REPLAY_HEAD + """
 
 # The last id handed out by the event sequence (0 before the first), read outside MVCC: a
 # sequence advances for every transaction at once, committed or not.
-# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_HOLDING (see service/events/horizon.py).
+# NOTE: must run as its own statement BEFORE JOB_EVENT_WRITERS_HOLDING (see jobqueue/core/horizon.py).
 JOB_EVENT_SEQUENCE_LAST = """
 SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('sa_job_event', 'id')::regclass), 0)
        AS last_id

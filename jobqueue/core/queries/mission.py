@@ -10,7 +10,7 @@ __all__ = [
 
 # NOTE: the feed pages sa_job_event, not sa_job.updated_at: an event is written only by a
 # transition (a heartbeat writes none), and `upto` is the SSE hub's delivered cursor, below
-# which every id is final (service/events/horizon.py), so a page boundary never skips a late commit.
+# which every id is final (jobqueue/core/horizon.py), so a page boundary never skips a late commit.
 
 # served by sa_job_event_org_user_idx (org_id, created_by, id), 0001_core_schema.sql.
 MISSION_PAGE_FOR_USER = """
@@ -87,7 +87,8 @@ SELECT o.ord, p.id AS prompt_id, p.parent_id, p.created_at,
 )
 SELECT i.prompt_id, i.parent_id, t.text, i.created_at, i.job_id, i.state, i.attempt,
        i.max_attempts, i.priority, i.error_kind, i.error_message, i.response_id, i.updated_at,
-       i.scheduled_for, i.after_job_id, i.waiting, t.response_text, octet_length(p.content) > octet_length(t.text) AS text_truncated,
+       i.scheduled_for, i.after_job_id, i.waiting, t.response_text,
+       octet_length(p.content) > octet_length(t.text) AS text_truncated,
        coalesce(octet_length(r.content) > octet_length(t.response_text), false)
            AS response_truncated,
        (SELECT count(*) FROM items) AS read

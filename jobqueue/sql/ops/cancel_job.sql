@@ -4,8 +4,8 @@
 --
 -- Same effect as `sa-core cancel-job ID`: queued|running -> cancelled, finished_at and
 -- error_message set, one sa_job_event row written by the trigger and NOTIFYed below. A running job's
--- worker loses its claim: its heartbeat abandons the provider call and its conditional finalize
--- writes nothing (no response, ledger or audit row). Jobs waiting on it (`after`) are cancelled
+-- worker loses its claim: it reads that event within SA_CANCEL_CHECK_INTERVAL (0.5 s), closes the
+-- provider call and writes nothing (no response, ledger or audit row). Jobs waiting on it (`after`) are cancelled
 -- by the maintenance leader's next round (jobqueue/engine/chains.py, `sweep`); `sa-core
 -- cancel-job` cancels them at once.
 --

@@ -1,4 +1,8 @@
-"""Which sa_job_event ids are final: the gap and horizon bookkeeping of the SSE hub, free of I/O.
+"""Which sa_job_event ids are final: the gap and horizon bookkeeping of every reader of the log.
+
+The SSE hub (service/events/log.py) and each worker's departure watch
+(jobqueue/engine/departures.py) resume from "id > last"; both take their barriers with `look`
+and keep them here. The bookkeeping is free of I/O.
 
 Ids come from a sequence when a row is written, but rows become visible when their transaction
 commits, so id N+1 may be visible while N is not yet. A reader that resumes from "id > last"
@@ -25,8 +29,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-__all__ = ["Barrier", "EventHorizon", "Observed"]
+from jobqueue.core.queries import job_event as q
+
+if TYPE_CHECKING:
+    from jobqueue.core.db import DictConnection
+
+__all__ = ["Barrier", "EventHorizon", "Observed", "look"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,3 +123,20 @@ class EventHorizon:
     def advance(self, delivered: int) -> None:
         """Moves the cursor to the last id handed out."""
         self.cursor = delivered
+
+
+def look(conn: DictConnection, horizon: EventHorizon) -> tuple[Observed, int]:
+    """Takes a barrier into `horizon`: the sequence's last value, THEN the lock holders.
+
+    NOTE: two statements, in this order (see the module docstring): in one statement Postgres
+    may read them in either order.
+
+    Returns:
+        What the look changed, and the sequence's last value.
+    """
+    last_row = conn.execute(q.JOB_EVENT_SEQUENCE_LAST).fetchone()
+    holders_row = conn.execute(q.JOB_EVENT_WRITERS_HOLDING).fetchone()
+    assert last_row is not None and holders_row is not None
+    observed = horizon.observe(last_row["last_id"], frozenset(holders_row["holders"]),
+                               holders_row["prepared"])
+    return observed, int(last_row["last_id"])

@@ -1,0 +1,56 @@
+"""What one attempt's provider call came to, as plain values: the runtime reports, the engine decides.
+
+The executor (jobqueue/runtime/executor.py) builds one of these; the completer batches it; the
+engine (jobqueue/engine/finalize.py) alone turns it into a transition (a failure retried or
+failed, by jobqueue/core/policy.py) and writes it. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from jobqueue.core.policy import ErrorKind
+
+__all__ = ["AttemptResult", "CallFailed", "CallRecord", "CallSucceeded", "CallThrottled"]
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """What the ledger keeps about one provider call; `latency_ms` None: no call was made, and
+    the ledger gets no row."""
+
+    model: str
+    latency_ms: int | None
+    http_status: int | None
+    tokens_in: int | None = None
+    tokens_out: int | None = None
+
+
+@dataclass(frozen=True)
+class CallSucceeded:
+    """The provider answered; `content` is its reply as received."""
+
+    content: str
+    call: CallRecord
+
+
+@dataclass(frozen=True)
+class CallFailed:
+    """The attempt failed as `kind`; whether it is retried is the engine's decision."""
+
+    kind: ErrorKind
+    message: str
+    call: CallRecord
+    retry_after: float | None = None
+
+
+@dataclass(frozen=True)
+class CallThrottled:
+    """The route is throttled: the job waits `delay` seconds with its attempt kept."""
+
+    message: str
+    delay: float
+    call: CallRecord
+
+
+AttemptResult = CallSucceeded | CallFailed | CallThrottled

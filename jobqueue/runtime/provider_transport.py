@@ -1,0 +1,159 @@
+"""The provider client's sockets: one deadline per call, proxies from the environment, the cut.
+
+http.client does the HTTP; these classes bound every read by what is left of the call's
+deadline, and `cut` ends a call from another thread (jobqueue/runtime/run_control.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import io
+import math
+import select
+import socket
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+from jobqueue.core.redact import redact
+
+__all__ = ["Connection", "DeadlineHTTPConnection", "DeadlineHTTPSConnection", "cut",
+           "environment_proxy", "idle_socket_readable", "proxy_authorization", "remaining"]
+
+_READ_BUFFER = 65536
+
+
+class _DeadlineReader(io.RawIOBase):
+    """A response's socket reads, each bounded by what is left of the call's deadline.
+
+    NOTE: a per-read timeout alone lets a server that sends one byte a second hold a call for
+    ever (status line and headers included); checking the deadline before every recv does not.
+    """
+
+    def __init__(self, sock: socket.socket, conn: Connection) -> None:
+        super().__init__()
+        self._sock = sock
+        self._conn = conn
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        left = remaining(self._conn.deadline)
+        idle = self._conn.read_timeout
+        self._sock.settimeout(min(left, idle) if idle else left)
+        return self._sock.recv_into(buffer)
+
+
+class _DeadlineSocket:
+    """What http.client's response reads from: `makefile()` is all it asks of its socket."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+
+    def makefile(self, mode: str) -> io.BufferedReader:
+        assert self._conn.sock is not None
+        return io.BufferedReader(_DeadlineReader(self._conn.sock, self._conn), _READ_BUFFER)
+
+
+def _response_class(conn: Connection) -> Callable[..., http.client.HTTPResponse]:
+    def build(sock: socket.socket, *args: Any, **kwargs: Any) -> http.client.HTTPResponse:
+        return http.client.HTTPResponse(_DeadlineSocket(conn), *args, **kwargs)  # type: ignore[arg-type]
+    return build
+
+
+class DeadlineHTTPConnection(http.client.HTTPConnection):
+    """A plain-http connection whose responses read under the call's `deadline`."""
+
+    deadline: float = math.inf
+    read_timeout: float = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response_class = _response_class(self)  # type: ignore[assignment]
+
+
+class DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    """A TLS connection whose responses read under the call's `deadline`."""
+
+    deadline: float = math.inf
+    read_timeout: float = 0.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.response_class = _response_class(self)  # type: ignore[assignment]
+
+
+Connection = DeadlineHTTPConnection | DeadlineHTTPSConnection
+
+
+def cut(sock: socket.socket) -> None:
+    """Ends a call from another thread: shutdown() wakes the reader blocked in recv() (close()
+    alone does not) and tells the provider at once that nobody waits for its answer."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def remaining(deadline: float) -> float:
+    """Seconds left before `deadline`; raises TimeoutError when none are."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the call's deadline has passed")
+    return left
+
+
+def environment_proxy(scheme: str, host: str) -> urllib.parse.SplitResult | None:
+    """The proxy the environment names for `scheme`, or None (none named, or NO_PROXY exempts `host`).
+
+    Raises:
+        ValueError: the proxy is not an http:// URL (the message hides its password).
+    """
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    parsed = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if parsed.scheme != "http" or not parsed.hostname or port == -1:
+        raise ValueError(f"the {scheme} proxy must be http://[user:password@]host[:port], "
+                         f"not {redact(parsed.geturl())!r}")
+    return parsed
+
+
+def proxy_authorization(proxy: urllib.parse.SplitResult | None) -> dict[str, str]:
+    """The Proxy-Authorization header for a proxy URL with user:password, else nothing."""
+    if proxy is None or proxy.username is None:
+        return {}
+    credentials = f"{urllib.parse.unquote(proxy.username)}:{urllib.parse.unquote(proxy.password or '')}"
+    return {"Proxy-Authorization": "Basic " + base64.b64encode(credentials.encode()).decode()}
+
+
+def idle_socket_readable(sock: socket.socket) -> bool:
+    """True when an idle keep-alive socket has something to read: the server closed it (or sent junk).
+
+    PERF: a non-blocking peek, not select(): under gevent a select() call sets up and tears down
+    a watcher on the hub, several times the cost of one recv syscall. TLS sockets take no recv
+    flags and keep select().
+    """
+    try:
+        sock.settimeout(0)
+        sock.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    except ValueError:
+        try:
+            readable, _, _ = select.select([sock], [], [], 0)
+        except (OSError, ValueError):
+            return True
+        return bool(readable)
+    except OSError:
+        return True
+    return True
+
