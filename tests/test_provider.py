@@ -336,3 +336,44 @@ def test_the_read_timeout_ends_a_silent_call_but_not_a_stream_that_keeps_coming(
     assert silent.value.message.startswith("no byte from the provider for SA_PROVIDER_READ_TIMEOUT")
     assert silent.value.latency_ms < 2000
     assert streamed.content == "".join(pieces) and len(pieces) == 26
+
+
+def _close_delimited_server(body: bytes, content_type: bytes) -> tuple[socket.socket, int]:
+    """Answers each request with `body` and no length: the body ends when the server closes."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                request = b""
+                while b"\r\n\r\n" not in request:
+                    request += conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type
+                             + b"\r\nConnection: close\r\n\r\n" + body)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "sse"])
+def test_an_answer_whose_end_is_the_servers_close_is_read_whole(streamed: bool) -> None:
+    if streamed:
+        chunks = [{"choices": [{"delta": {"content": text}}]} for text in ("close", "-delimited")]
+        body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+        server, port = _close_delimited_server(body, b"text/event-stream")
+    else:
+        body = json.dumps({"choices": [{"message": {"content": "close-delimited"}}]}).encode()
+        server, port = _close_delimited_server(body, b"application/json")
+    pieces: list[str] = []
+    provider = Provider(f"http://127.0.0.1:{port}", "", 5.0)
+    try:
+        answer = provider.complete("m", MESSAGES, on_delta=pieces.append if streamed else None)
+    finally:
+        provider.close()
+        server.close()
+    assert answer.content == "close-delimited"
+    assert pieces == (["close", "-delimited"] if streamed else [])

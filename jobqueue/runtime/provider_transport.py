@@ -38,6 +38,10 @@ class _DeadlineReader(io.RawIOBase):
         super().__init__()
         self._sock = sock
         self._conn = conn
+        # NOTE: read through the socket's own file, which keeps its descriptor open until the
+        # response is done: http.client closes the connection as soon as it sees an answer whose
+        # end is the server's close (no length, not chunked), before that answer is read.
+        self._file = sock.makefile("rb", buffering=0)
 
     def readable(self) -> bool:
         return True
@@ -46,7 +50,12 @@ class _DeadlineReader(io.RawIOBase):
         left = remaining(self._conn.deadline)
         idle = self._conn.read_timeout
         self._sock.settimeout(min(left, idle) if idle else left)
-        return self._sock.recv_into(buffer)
+        read: int | None = self._file.readinto(buffer)
+        return read or 0
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 class _DeadlineSocket:
