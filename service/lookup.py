@@ -160,20 +160,22 @@ def recent_changes(
     """
     scope = {"org_id": caller.org_id, "user_id": caller.user_id}
     as_of = datetime.now(UTC)
-    items: list[Row] = []
-    with pool.connection() as conn:
-        if after is None:
-            after = 0
+
+    def read(conn: DictConnection) -> dict[str, Any]:
+        start_after = after
+        items: list[Row] = []
+        if start_after is None:
+            start_after = 0
             if since is not None:
                 start = mission_q.MISSION_START_FOR_ORG if org_wide else mission_q.MISSION_START_FOR_USER
                 row = conn.execute(start, {**scope, "since": since,
                                            "upto": _LAST_ID if upto is None else upto}).fetchone()
                 assert row is not None
-                after = int(row["after"])
-        if upto is None or after >= upto:
-            return {"as_of": as_of, "items": items, "next_cursor": after, "has_more": False}
+                start_after = int(row["after"])
+        if upto is None or start_after >= upto:
+            return {"as_of": as_of, "items": items, "next_cursor": start_after, "has_more": False}
         page_q = mission_q.MISSION_PAGE_FOR_ORG if org_wide else mission_q.MISSION_PAGE_FOR_USER
-        events = conn.execute(page_q, {**scope, "after": after, "upto": upto,
+        events = conn.execute(page_q, {**scope, "after": start_after, "upto": upto,
                                        "limit": limit}).fetchall()
         # NOTE: a prompt's place is its last event in the page (dicts keep insertion order).
         last_event: dict[uuid.UUID, int] = {}
@@ -187,10 +189,13 @@ def recent_changes(
                 rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
                     "org_id": caller.org_id, "prompt_ids": list(last_event),
                     "text_chars": text_chars, "max_bytes": max_bytes}).fetchall()
-    items = [{k: v for k, v in row.items() if k != "read"} for row in rows]
-    if rows and rows[0]["read"] > len(rows):
+        items = [{k: v for k, v in row.items() if k != "read"} for row in rows]
+        if rows and rows[0]["read"] > len(rows):
+            return {"as_of": as_of, "items": items,
+                    "next_cursor": last_event[items[-1]["prompt_id"]], "has_more": True}
+        has_more = len(events) == limit
         return {"as_of": as_of, "items": items,
-                "next_cursor": last_event[items[-1]["prompt_id"]], "has_more": True}
-    has_more = len(events) == limit
-    return {"as_of": as_of, "items": items,
-            "next_cursor": events[-1]["id"] if has_more else upto, "has_more": has_more}
+                "next_cursor": events[-1]["id"] if has_more else upto, "has_more": has_more}
+
+    # NOTE: a read: safe to run again on a fresh connection when the server ended the first.
+    return reconnecting(pool, read)

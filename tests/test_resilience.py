@@ -19,7 +19,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
-from jobqueue.engine.enqueue import enqueue
+from jobqueue.engine.enqueue import Submission, enqueue, enqueue_many
 from service.app import create_app
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, submit, wait_for
 from tests.processes import gunicorn
@@ -68,6 +68,7 @@ def test_web_answers_503_during_an_outage_and_recovers(
 
 def test_a_session_the_server_ends_under_a_request_is_retried_not_shown(
     proxied: Settings, proxy: TcpProxy, auth: dict[str, str], pool: ConnectionPool[DictConnection],
+    caller: Caller,
 ) -> None:
     web_pool = open_pool(proxied.database_url, name="web-killed", max_size=2)
     try:
@@ -82,9 +83,15 @@ def test_a_session_the_server_ends_under_a_request_is_retried_not_shown(
             proxy.terminate_on_next_query()
             result = request()
             assert result.status_code in (200, 202), result.text
+        # NOTE: through the engine, so that the kill lands on the batch's own write (a request's
+        # first statement is its token lookup).
+        proxy.terminate_on_next_query()
+        written = enqueue_many(web_pool, caller, [Submission("batch after the kill"),
+                                                  Submission("and its second")])
+        assert len(written) == 2
         assert [r["content"] for r in fetch_all(
-            pool, "SELECT content FROM sa_entity WHERE kind = 'prompt' ORDER BY created_at")] == [
-            "before the kill", "after the kill"]
+            pool, "SELECT content FROM sa_entity WHERE kind = 'prompt' ORDER BY created_at, content")] == [
+            "before the kill", "after the kill", "and its second", "batch after the kill"]
     finally:
         web_pool.close()
 

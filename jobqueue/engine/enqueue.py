@@ -242,23 +242,27 @@ def enqueue_many(
     if idempotency_key is not None:
         params["request_hash"] = hashlib.sha256(
             b"batch" + b"".join(item.fingerprint() for item in items)).digest()
+    def attempt(conn: DictConnection) -> tuple[Row, Row | None]:
+        row = _insert_many_or_find(conn, params, max_queued)
+        if row["written"] or idempotency_key is None:
+            return row, None
+        return row, conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
+            "org_id": caller.org_id, "user_id": caller.user_id, "key": idempotency_key,
+            "ttl": KEY_TTL_SECONDS}).fetchone()
+
     for _ in range(_KEY_ATTEMPTS):
         params["prompt_ids"] = [uuid.uuid4() for _ in items]
         params["job_ids"] = [uuid.uuid4() for _ in items]
-        with pool.connection() as conn:
-            row = _insert(conn, params, max_queued, q.PROMPT_INSERT_WITH_JOB_MANY)
-            if not row["written"] and idempotency_key is not None:
-                key_row = conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
-                    "org_id": caller.org_id, "user_id": caller.user_id, "key": idempotency_key,
-                    "ttl": KEY_TTL_SECONDS}).fetchone()
-                if key_row is not None:
-                    _replay(key_row, params["request_hash"])
-                    log.info("job.enqueue_replayed", jobs=len(items), org_id=caller.org_id)
-                    return [Enqueued(prompt_id=prompt_id, job_id=job_id, state="queued",
-                                     created_at=key_row["created_at"], replayed=True)
-                            for prompt_id, job_id in zip(key_row["batch_prompt_ids"] or [],
-                                                         key_row["batch_job_ids"] or [],
-                                                         strict=True)]
+        # NOTE: as for one prompt: retried once with the same ids when the server ended the
+        # connection under the statement; the ids tell a committed first try.
+        row, key_row = reconnecting(pool, attempt)
+        if key_row is not None:
+            _replay(key_row, params["request_hash"])
+            log.info("job.enqueue_replayed", jobs=len(items), org_id=caller.org_id)
+            return [Enqueued(prompt_id=prompt_id, job_id=job_id, state="queued",
+                             created_at=key_row["created_at"], replayed=True)
+                    for prompt_id, job_id in zip(key_row["batch_prompt_ids"] or [],
+                                                 key_row["batch_job_ids"] or [], strict=True)]
         if row["written"]:
             sender = wakeup.for_pool(pool)
             if row["written"] > len(row["dues"] or ()):
@@ -313,6 +317,19 @@ def _insert_or_find(conn: DictConnection, params: dict[str, Any], max_queued: in
     found = conn.execute(job_q.JOB_GET_AS_ENQUEUED, {"job_id": params["job_id"]}).fetchone()
     assert found is not None  # NOTE: written with the prompt, in the same statement
     return found
+
+
+def _insert_many_or_find(conn: DictConnection, params: dict[str, Any], max_queued: int) -> Row:
+    """PROMPT_INSERT_WITH_JOB_MANY, or, when its first prompt id is already taken, what the first
+    try (whose answer was lost) committed: all of its jobs, in one statement."""
+    try:
+        return _insert(conn, params, max_queued, q.PROMPT_INSERT_WITH_JOB_MANY)
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name != "sa_entity_pkey":
+            raise
+    found = conn.execute(job_q.JOB_GET_AS_ENQUEUED, {"job_id": params["job_ids"][0]}).fetchone()
+    assert found is not None  # NOTE: written with the prompts, in the same statement
+    return {"written": len(params["job_ids"]), "dues": None, "created_at": found["created_at"]}
 
 
 def _replay(key_row: Row, request_hash: bytes) -> Enqueued:
