@@ -9,6 +9,7 @@ org, so no test sees another's prompts (one checks exactly that).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -37,7 +38,7 @@ from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
 from tests.helpers import REPO, fetch_one, free_port, require_tool
-from tests.processes import gunicorn
+from tests.processes import gunicorn, run_process
 
 API = "/sa-core/v1"
 BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
@@ -215,7 +216,7 @@ def _no_job_left_running(mission_pool: ConnectionPool[DictConnection]) -> Iterat
     for a minute), so one failure does not starve the tests after it."""
     yield
     with mission_pool.connection() as conn:
-        conn.execute("UPDATE sa_job SET state = 'cancelled', finished_at = now() "
+        conn.execute("UPDATE sa_job SET state = 'cancelled', waiting = false, finished_at = now() "
                      "WHERE state IN ('queued', 'running')")
 
 
@@ -494,6 +495,45 @@ def test_a_queued_prompt_says_why_it_waits_with_a_countdown_that_moves(
     assert moved < int(re.findall(r"\d+", start)[0])
     assert page.execute_script(why, after) == "waits for an earlier prompt to succeed"
     viewer.cancel(first["job_id"])
+
+
+def test_a_streamed_answer_shows_as_it_is_written_and_again_after_a_reload(
+    page: WebDriver, base_settings: Settings, fake: FakeProvider, tmp_path: Path,
+) -> None:
+    # NOTE: a database, web and worker of its own: the module's worker would take the job
+    # unstreamed.
+    with scratch_database("sa_mission_stream", "SA_TEST_DATABASE_URL") as url:
+        settings = replace(base_settings, database_url=url, direct_database_url=url)
+        pool = open_pool(url, name="mission-stream", max_size=2)
+        routes = json.dumps({"routes": [{"name": "streamed", "base_url": fake.url, "stream": True}]})
+        try:
+            with gunicorn(settings, tmp_path, **WEB_ENV) as base, run_process(
+                    [sys.executable, "-m", "jobqueue.operator.cli", "run-worker"],
+                    {"DATABASE_URL": url, "SA_PROVIDER_URL": None, "SA_PROVIDER_ROUTES": routes,
+                     "SA_STREAM_INTERVAL": "0.05", "SA_POLL_INTERVAL": "0.1"},
+                    tmp_path / "worker.log"):
+                viewer = Viewer(pool, base)
+                viewer.sign_in(page)
+                until(page, lambda d: connection(d) == "live")
+                words = " ".join(f"w{n}" for n in range(40))
+                text = f"{words} [fake:stream-gap=0.25]"
+                prompt_id = viewer.submit(text)["prompt_id"]
+                partial = ("return document.querySelector(`#field .drop[data-prompt-id=\"${arguments[0]}\"]"
+                           " .response-text.partial`)?.textContent || ''")
+                first = until(page, lambda d: d.execute_script(partial, prompt_id))
+                grown = until(page, lambda d: len(x := d.execute_script(partial, prompt_id))
+                              > len(first) and x)
+                assert grown.startswith("echo[1]:") and grown.startswith(first)
+                assert drop(page, text)["state"] == "running"
+                # NOTE: a reload shows the text so far at once (partial_text), then goes on.
+                page.refresh()
+                again = until(page, lambda d: d.execute_script(partial, prompt_id))
+                assert len(again) >= len(grown)
+                done = drop_in(page, text, "succeeded")
+                assert done["response"] == f"echo[1]: user:{text}"
+                assert page.execute_script(partial, prompt_id) == ""
+        finally:
+            pool.close()
 
 
 def test_closing_the_page_during_a_slow_prompt_and_reopening_it_shows_the_result(

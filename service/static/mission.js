@@ -6,12 +6,12 @@
 // stream fails, the page polls every POLL_MS and keeps trying the stream; the browser's own
 // reconnection sends Last-Event-ID, and the first event or `open` after it returns the page to live.
 import { $, API, announce, api, el, setConnection, setupSession } from "./api.js";
-import { answerNode, collapsible } from "./text.js";
+import { setServerClock, tell, waitsFor } from "./status.js";
+import { answerNode, collapsible, short } from "./text.js";
 
 const POLL_MS = 2000;
 const STREAM_RETRY_MS = 5000;
 const WATCH_MS = 4000;
-const NEWS_MS = 1000;
 const ACTIVE = new Set(["queued", "running"]);
 const STATE_CLASS = {
   queued: "is-queued", running: "is-pending", succeeded: "is-settled", failed: "is-orphan",
@@ -21,6 +21,8 @@ const STATE_CLASS = {
 const items = new Map();   // prompt_id -> item (a /mission/recent item)
 const drops = new Map();   // prompt_id -> <li>
 const opened = new Set();  // long texts the viewer expanded ("prompt:<id>", "answer:<id>")
+const partials = new Map(); // job_id -> {attempt, text}: a streamed attempt's text so far
+const caughtUp = new Set(); // running jobs whose partial_text was read once (after a reload)
 let cursor = null;
 let syncing = false;
 let again = false;
@@ -29,10 +31,6 @@ let streamOpenedAt = 0;
 let pollTimer = null;
 let threadOf = null;
 
-function short(text, n = 60) {
-  const flat = (text || "").replace(/\s+/g, " ").trim();
-  return flat.length > n ? `${flat.slice(0, n - 1)}…` : flat;
-}
 
 // NOTE: a session that ended (401) reloads the page: nothing of this viewer stays on screen for
 // whoever signs in next.
@@ -93,6 +91,9 @@ function renderDrop(item) {
       ? collapsible(answerNode(item.response_text, "response-text"), item.response_text,
                     `answer:${item.prompt_id}`, opened)
       : []),
+    ...(item.state === "running" && partials.get(item.job_id)?.text
+      ? [answerNode(partials.get(item.job_id).text, "response-text partial")]
+      : []),
     error,
     actions].filter(Boolean));
   if (focused && !li.contains(focused)) {
@@ -102,32 +103,6 @@ function renderDrop(item) {
   if (fresh) place(li, item);
   $("empty").hidden = drops.size > 0;
 }
-
-// NOTE: the server's clock, as the last /mission/recent page gave it, so a countdown does not
-// depend on the browser's clock being right.
-let skewMs = 0;
-
-function waitsFor(item) {
-  if (item.waiting) return el("span", { class: "why", text: "waits for an earlier prompt to succeed" });
-  const due = Date.parse(item.scheduled_for);
-  if (!(due > Date.now() + skewMs + 1000)) return null;
-  const label = item.error_kind ? "retrying in" : "starts in";
-  return el("span", { class: "why due", "data-due": String(due), "data-label": label,
-                      text: dueText(label, due) });
-}
-
-function dueText(label, due) {
-  const seconds = Math.max(0, Math.ceil((due - Date.now() - skewMs) / 1000));
-  if (seconds < 120) return `${label} ${seconds} s`;
-  if (seconds < 7200) return `${label} ${Math.round(seconds / 60)} min`;
-  return `${label} ${new Date(due).toLocaleString()}`;
-}
-
-setInterval(() => {
-  for (const node of document.querySelectorAll(".why.due")) {
-    node.textContent = dueText(node.dataset.label, Number(node.dataset.due));
-  }
-}, 1000);
 
 function place(li, item) {
   const field = $("field");
@@ -153,6 +128,9 @@ function itemOf(id) {
 function merge(item) {
   const before = items.get(item.prompt_id);
   items.set(item.prompt_id, { ...before, ...item });
+  const merged = items.get(item.prompt_id);
+  if (merged.state !== "running") partials.delete(merged.job_id);
+  else if (!caughtUp.has(merged.job_id)) catchUp(merged);
   renderDrop(items.get(item.prompt_id));
   const parent = item.parent_id && itemOf(item.parent_id);
   if (parent) renderDrop(parent);
@@ -160,28 +138,38 @@ function merge(item) {
   if (threadOf) renderThread();
 }
 
-// NOTE: state changes are announced at most once a NEWS_MS, as one sentence: a burst of prompts
-// would otherwise queue dozens of announcements for a screen reader.
-const news = new Map();   // prompt_id -> item, the changes not yet announced
-let newsTimer = null;
-
-function tell(item) {
-  news.set(item.prompt_id, item);
-  if (newsTimer === null) newsTimer = setTimeout(flushNews, NEWS_MS);
-}
-
-function flushNews() {
-  newsTimer = null;
-  const changed = [...news.values()];
-  news.clear();
-  if (changed.length === 1) {
-    const [item] = changed;
-    announce(`“${short(item.text, 40)}” is now ${item.state}${item.error_kind ? ` (${item.error_kind})` : ""}.`);
+// NOTE: a streamed attempt's text as it is written: each job.output_delta applies at its offset
+// (a retry starts over at 0). A page that opens while an answer streams, or a delta past what the
+// page has (some were missed while the stream was away), reads the text so far once from the
+// job's partial_text; the deltas after it apply on top.
+function applyDelta(delta) {
+  const item = items.get(delta.prompt_id);
+  if (!item || item.job_id !== delta.job_id || item.state !== "running") return;
+  let partial = partials.get(delta.job_id);
+  if (!partial || partial.attempt !== delta.attempt) partial = { attempt: delta.attempt, text: "" };
+  if (delta.offset > partial.text.length) {
+    caughtUp.delete(delta.job_id);
+    catchUp(item);
     return;
   }
-  const counts = new Map();
-  for (const item of changed) counts.set(item.state, (counts.get(item.state) || 0) + 1);
-  announce(`${changed.length} prompts changed: ${[...counts].map(([state, n]) => `${n} ${state}`).join(", ")}.`);
+  partial.text = partial.text.slice(0, delta.offset) + delta.text;
+  partials.set(delta.job_id, partial);
+  renderDrop(item);
+}
+
+async function catchUp(item) {
+  caughtUp.add(item.job_id);
+  try {
+    const job = await api("GET", `/jobs/${item.job_id}`);
+    const mine = partials.get(item.job_id);
+    if (job.state !== "running" || typeof job.partial_text !== "string") return;
+    if (mine && mine.attempt === job.attempt && mine.text.length >= job.partial_text.length) return;
+    partials.set(item.job_id, { attempt: job.attempt, text: job.partial_text });
+    const current = items.get(item.prompt_id);
+    if (current && current.job_id === item.job_id) renderDrop(current);
+  } catch (err) {
+    failed(err);
+  }
 }
 
 // An event moves its drop before the page that confirms it arrives.
@@ -206,7 +194,7 @@ async function sync() {
         const query = new URLSearchParams({ limit: "500" });
         if (cursor) query.set("cursor", cursor);
         const page = await api("GET", `/mission/recent?${query}`);
-        skewMs = Date.parse(page.as_of) - Date.now();
+        setServerClock(page.as_of);
         for (const item of page.items) merge(item);
         cursor = page.next_cursor;
         more = page.has_more;
@@ -227,6 +215,7 @@ function openStream() {
     // NOTE: catches up whatever happened between the last page and this stream's start.
     sync().catch(failed);
   });
+  source.addEventListener("job.output_delta", (message) => applyDelta(JSON.parse(message.data)));
   source.addEventListener("job.state_changed", (message) => {
     hint(JSON.parse(message.data));
     sync().catch(failed);

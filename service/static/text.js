@@ -1,11 +1,17 @@
 // How the pages show texts: answers as a safe subset of Markdown, long texts collapsed.
 //
-// Only DOM nodes built from text (textContent), never innerHTML: nothing in a prompt or an answer
-// can run or load anything, whatever it holds.
+// Only DOM nodes built from text (textContent), never markup parsed from it: nothing in a prompt
+// or an answer can run or load anything, whatever it holds.
 import { el } from "./api.js";
 
 const LONG_CHARS = 1200;
 const LONG_LINES = 14;
+
+// A text on one line, cut to `n` characters: for labels and announcements.
+export function short(text, n = 60) {
+  const flat = (text || "").replace(/\s+/g, " ").trim();
+  return flat.length > n ? `${flat.slice(0, n - 1)}…` : flat;
+}
 
 // Inline `code` within one run of plain text.
 function inline(text) {

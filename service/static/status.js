@@ -1,0 +1,60 @@
+// What a drop says about its state besides the state itself: why a queued prompt waits (with a
+// countdown on the server's clock), and the announcements of changes, batched.
+import { announce, el } from "./api.js";
+import { short } from "./text.js";
+
+const NEWS_MS = 1000;
+
+// NOTE: the server's clock, as the last /mission/recent page gave it, so a countdown does not
+// depend on the browser's clock being right.
+let skewMs = 0;
+
+export function setServerClock(asOf) {
+  skewMs = Date.parse(asOf) - Date.now();
+}
+
+export function waitsFor(item) {
+  if (item.waiting) return el("span", { class: "why", text: "waits for an earlier prompt to succeed" });
+  const due = Date.parse(item.scheduled_for);
+  if (!(due > Date.now() + skewMs + 1000)) return null;
+  const label = item.error_kind ? "retrying in" : "starts in";
+  return el("span", { class: "why due", "data-due": String(due), "data-label": label,
+                      text: dueText(label, due) });
+}
+
+function dueText(label, due) {
+  const seconds = Math.max(0, Math.ceil((due - Date.now() - skewMs) / 1000));
+  if (seconds < 120) return `${label} ${seconds} s`;
+  if (seconds < 7200) return `${label} ${Math.round(seconds / 60)} min`;
+  return `${label} ${new Date(due).toLocaleString()}`;
+}
+
+setInterval(() => {
+  for (const node of document.querySelectorAll(".why.due")) {
+    node.textContent = dueText(node.dataset.label, Number(node.dataset.due));
+  }
+}, 1000);
+
+// NOTE: state changes are announced at most once a NEWS_MS, as one sentence: a burst of prompts
+// would otherwise queue dozens of announcements for a screen reader.
+const news = new Map();   // prompt_id -> item, the changes not yet announced
+let newsTimer = null;
+
+export function tell(item) {
+  news.set(item.prompt_id, item);
+  if (newsTimer === null) newsTimer = setTimeout(flushNews, NEWS_MS);
+}
+
+function flushNews() {
+  newsTimer = null;
+  const changed = [...news.values()];
+  news.clear();
+  if (changed.length === 1) {
+    const [item] = changed;
+    announce(`“${short(item.text, 40)}” is now ${item.state}${item.error_kind ? ` (${item.error_kind})` : ""}.`);
+    return;
+  }
+  const counts = new Map();
+  for (const item of changed) counts.set(item.state, (counts.get(item.state) || 0) + 1);
+  announce(`${changed.length} prompts changed: ${[...counts].map(([state, n]) => `${n} ${state}`).join(", ")}.`);
+}
