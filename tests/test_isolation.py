@@ -180,8 +180,8 @@ def test_an_archive_run_moves_every_family_but_the_one_it_cannot_move(
     pool: ConnectionPool[DictConnection], caller: Caller,
 ) -> None:
     jobs = claimed(pool, [caller, caller, OTHER, OTHER], "w1")
-    call = finalize.CallRecord(model="m", latency_ms=5, http_status=200)
-    finalize.finish(pool, [finalize.succeeded(job, "answer", call) for job in jobs])
+    call = CallRecord(model="m", latency_ms=5, http_status=200)
+    finalize.write(pool, [finalize.succeeded(job, "answer", call) for job in jobs])
     stuck = jobs[2].id
     with pool.connection() as conn:
         conn.execute("""
@@ -219,8 +219,8 @@ def test_a_chain_that_cannot_be_settled_never_holds_back_another_orgs_chain(
     ours = [enqueue(pool, caller, f"after ours {n}", after=roots[0].id).job_id for n in range(2)]
     theirs = [enqueue(pool, OTHER, f"after theirs {n}", after=roots[1].id).job_id for n in range(2)]
     poison(ours[1])
-    call = finalize.CallRecord(model="m", latency_ms=5, http_status=200)
-    finalize.finish(pool, [finalize.succeeded(job, "answer", call) for job in roots])
+    call = CallRecord(model="m", latency_ms=5, http_status=200)
+    finalize.write(pool, [finalize.succeeded(job, "answer", call) for job in roots])
     waiting = {r["id"]: r["waiting"] for r in fetch_all(pool, "SELECT id, waiting FROM sa_job")}
     assert [waiting[j] for j in theirs] == [False, False]
     # NOTE: our chain is settled as one statement: it waits, whole, until its cause is mended.
