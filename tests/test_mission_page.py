@@ -536,6 +536,35 @@ def test_a_streamed_answer_shows_as_it_is_written_and_again_after_a_reload(
             pool.close()
 
 
+def test_the_drops_filter_by_state_with_counts_and_by_a_searched_text(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    tag = uuid.uuid4().hex[:6]
+    texts = [f"apple {tag}", f"pear {tag}", f"plum {tag} [fake:400]"]
+    for text in texts:
+        viewer.submit(text)
+    for text, state in zip(texts, ["succeeded", "succeeded", "failed"], strict=True):
+        drop_in(page, text, state)
+    shown = ("return [...document.querySelectorAll('#field .drop')].filter((li) => !li.hidden)"
+             ".map((li) => li.querySelector('.prompt-text').textContent)")
+    chips = ("return [...document.querySelectorAll('#state-filter button')]"
+             ".map((b) => b.textContent + (b.getAttribute('aria-pressed') === 'true' ? '*' : ''))")
+    until(page, lambda d: d.execute_script(chips) == ["all 3*", "succeeded 2", "failed 1"])
+    page.find_element(By.CSS_SELECTOR, '#state-filter [data-state="failed"]').click()
+    until(page, lambda d: d.execute_script(shown) == [texts[2]])
+    assert page.execute_script(chips) == ["all 3", "succeeded 2", "failed 1*"]
+    page.find_element(By.CSS_SELECTOR, '#state-filter [data-state="all"]').click()
+    page.find_element(By.ID, "search").send_keys("PEAR")
+    until(page, lambda d: d.execute_script(shown) == [texts[1]])
+    # NOTE: answers are searched too: the echo of the apple prompt holds its text.
+    search = page.find_element(By.ID, "search")
+    search.clear()
+    search.send_keys("echo[1]: user:apple")
+    until(page, lambda d: d.execute_script(shown) == [texts[0]])
+
+
 def test_closing_the_page_during_a_slow_prompt_and_reopening_it_shows_the_result(
     page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
 ) -> None:

@@ -6,6 +6,7 @@
 // stream fails, the page polls every POLL_MS and keeps trying the stream; the browser's own
 // reconnection sends Last-Event-ID, and the first event or `open` after it returns the page to live.
 import { $, API, announce, api, el, setConnection, setupSession } from "./api.js";
+import { countLater, setupFilters, shows } from "./filters.js";
 import { setServerClock, tell, waitsFor } from "./status.js";
 import { answerNode, collapsible, short } from "./text.js";
 
@@ -101,7 +102,9 @@ function renderDrop(item) {
     (same || li).focus();
   }
   if (fresh) place(li, item);
+  li.hidden = !shows(item);
   $("empty").hidden = drops.size > 0;
+  countLater(items);
 }
 
 function place(li, item) {
@@ -441,6 +444,9 @@ async function begin() {
   watchServer();
 }
 
+setupFilters(() => {
+  for (const [promptId, li] of drops) li.hidden = !shows(items.get(promptId));
+});
 $("compose").addEventListener("submit", submit);
 $("text").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("compose").requestSubmit();
