@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -21,6 +22,18 @@ from jobqueue.operator.cli import main
 from service.app import create_app
 from service.events.hub import EventHub
 from tests.helpers import TableReset, WorkerHarness
+
+# PERF: pytest keeps the test modules it rewrites (for its assertion messages) as bytecode only
+# where bytecode may be written; with PYTHONDONTWRITEBYTECODE set, as on this machine, every run
+# (every xdist worker) rewrote all 80 of them again: 3 s of CPU of collection. Allowed while
+# collecting only (tests/__pycache__, ignored by git); put back once the tests are collected.
+_DONT_WRITE_BYTECODE = sys.dont_write_bytecode
+sys.dont_write_bytecode = False
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    sys.dont_write_bytecode = _DONT_WRITE_BYTECODE
+
 
 TABLES = ("sa_job_event", "sa_ledger", "sa_audit", "sa_edge", "sa_job", "sa_entity", "sa_api_token",
           "sa_job_archive", "sa_job_event_archive", "sa_ledger_archive", "sa_route_pause",

@@ -47,6 +47,10 @@ from psycopg.conninfo import make_conninfo
 from tests.helpers import wait_for
 from tests.hosts import free_port
 
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped stack the pasted commands talk to start once.
+pytestmark = pytest.mark.xdist_group("docs_commands")
+
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "ops" / "README.md"]
 RUN = {"sh", "python"}

@@ -215,6 +215,10 @@ def test_another_host_takes_the_leader_role_when_the_leaders_host_is_cut(
 
 HOLD_A_JOB = """
 import sys, time, psycopg
+
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped hosts, cluster and pooler start once.
+pytestmark = pytest.mark.xdist_group("multihost")
 conn = psycopg.connect(sys.argv[1], prepare_threshold=None)
 conn.execute("SELECT id FROM sa_job WHERE state = 'queued' ORDER BY id LIMIT 1 FOR UPDATE")
 print("locked", flush=True)
