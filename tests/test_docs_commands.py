@@ -47,10 +47,6 @@ from psycopg.conninfo import make_conninfo
 from tests.helpers import wait_for
 from tests.hosts import free_port
 
-# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
-# module-scoped stack the pasted commands talk to start once.
-pytestmark = pytest.mark.xdist_group("docs_commands")
-
 REPO = Path(__file__).resolve().parent.parent
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), REPO / "ops" / "README.md"]
 RUN = {"sh", "python"}
@@ -234,6 +230,9 @@ def _script(path: Path) -> str:
     return "\n".join(parts) + "\n"
 
 
+# NOTE: on one xdist worker (make test's --dist loadgroup), so the module-scoped stack the pasted
+# commands talk to starts once.
+@pytest.mark.xdist_group("docs_commands")
 @pytest.mark.parametrize("path", [p for p in DOCUMENTS if any(b.info in RUN for b in blocks(p))],
                          ids=_name)
 def test_the_commands_run_as_pasted(path: Path, pasted: dict[str, str], tmp_path: Path) -> None:
