@@ -1,6 +1,7 @@
 # sa-core developer entry points. Needs only python3 >= 3.11; uv is installed on first use if missing.
 #   make run    web + worker + fake provider (embedded Postgres unless DATABASE_URL is set)
-#   make test   ruff, mypy --strict, pytest (PYTEST_ARGS="-k retry -x" to narrow)
+#   make test   ruff, mypy --strict, pytest on PYTEST_WORKERS processes (PYTEST_ARGS="-k retry -x" to
+#               narrow; PYTEST_WORKERS=0 for one process, e.g. for -s or --pdb)
 #   make lint   ruff and mypy only
 #   make venv   create or update .venv from uv.lock
 #   make dist   build the wheel and the sdist into dist/
@@ -9,6 +10,7 @@
 PYTHON ?= python3
 PORT ?= 8000
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 VENV := .venv
 BOOTSTRAP := .sa-core/uv-bootstrap
 STAMP := $(VENV)/.sa-core-synced
@@ -63,8 +65,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy jobqueue sa_core service
 
+# NOTE: pytest-xdist; each worker has its own database (scratch_database names carry the pid), fake
+# provider and free ports (tests/conftest.py). loadgroup spreads tests one by one, except a module
+# marked xdist_group, which stays on one worker so its module-scoped servers start once.
 test: lint
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(BOOTSTRAP) .mypy_cache .ruff_cache .pytest_cache

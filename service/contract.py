@@ -76,6 +76,7 @@ __all__ = [
     "parse_prompt",
     "prompt_batch_body",
     "prompt_body",
+    "read_no_body",
 ]
 
 MAX_ATTEMPTS_LIMIT = 10
@@ -272,14 +273,37 @@ NO_BODY = Fields({}, description="No body is needed; an empty JSON object is acc
 """The body of a route that takes none: absent, or an empty JSON object."""
 
 
-def parse_no_body(body: object) -> None:
-    """Validates the body of a route that takes none: absent, or an empty JSON object.
+_NOT_SENT = object()
+"""What `read_no_body` reads from an empty body, told apart from a JSON `null`."""
+
+
+def read_no_body(req: falcon.Request) -> None:
+    """Reads and validates the body of a route that takes none: absent, or an empty JSON object
+    (a JSON `null` is a body like any other, refused).
 
     Raises:
         falcon.HTTPUnprocessableEntity: the body holds anything else.
     """
-    if body is None:
-        return
+    body = req.get_media(default_when_empty=_NOT_SENT)
+    if body is not _NOT_SENT:
+        _check_no_body(body)
+
+
+def parse_no_body(body: object) -> None:
+    """Validates the body of a route that takes none: absent, or an empty JSON object.
+
+    NOTE: given `req.get_media(default_when_empty=None)`, a JSON `null` reads as absent here;
+    `read_no_body` tells them apart.
+
+    Raises:
+        falcon.HTTPUnprocessableEntity: the body holds anything else.
+    """
+    if body is not None:
+        _check_no_body(body)
+
+
+def _check_no_body(body: object) -> None:
+    """Refuses any body but an empty JSON object."""
     if not isinstance(body, dict):
         raise falcon.HTTPUnprocessableEntity(
             title="Invalid body", description="This route takes no body (or an empty JSON object).")
@@ -306,9 +330,11 @@ JOBS_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1, "maximum"
 SCOPE = Param("scope", "query", {"type": "string", "enum": list(SCOPES), "default": SCOPES[0]},
               "`user`: the caller's own prompts (the default); `org`: every prompt of the "
               "caller's org (an explicit opt-in).", "user")
+# NOTE: an empty (or blank) header reads as no header (service/parsers.py, parse_last_event_id).
 LAST_EVENT_ID_HEADER = Param("Last-Event-ID", "header",
-                             {"type": "string", "pattern": EVENT_ID_PATTERN},
-                             f"The last event id received (0 to {MAX_EVENT_ID}).", "41")
+                             {"type": "string", "pattern": f"^({EVENT_ID_PATTERN[1:-1]})?$"},
+                             f"The last event id received (0 to {MAX_EVENT_ID}); empty, as if not "
+                             "sent.", "41")
 LAST_EVENT_ID = Param("last_event_id", "query",
                       {"type": "integer", "minimum": 0, "maximum": MAX_EVENT_ID},
                       "As Last-Event-ID, for clients that cannot send it; the header wins (both "

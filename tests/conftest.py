@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -15,12 +17,41 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller, create_token
-from jobqueue.devtools.embedded_db import scratch_database
+from jobqueue.devtools.embedded_db import LOCAL_POSTGRES, admin_conninfo, scratch_database
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.operator.cli import main
 from service.app import create_app
 from service.events.hub import EventHub
 from tests.helpers import TableReset, WorkerHarness
+
+# PERF: pytest keeps the test modules it rewrites (for its assertion messages) as bytecode only
+# where bytecode may be written; with PYTHONDONTWRITEBYTECODE set, as on this machine, every run
+# (every xdist worker) rewrote all 80 of them again: 3 s of CPU of collection. Allowed while
+# collecting only (tests/__pycache__, ignored by git); put back once the tests are collected.
+_DONT_WRITE_BYTECODE = sys.dont_write_bytecode
+sys.dont_write_bytecode = False
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    sys.dont_write_bytecode = _DONT_WRITE_BYTECODE
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the controller finds the admin server before the workers start.
+
+    NOTE: with no Postgres at 127.0.0.1:5432, each worker would otherwise start the embedded
+    one over the same data folder at once; started here, it lives as long as the run, and
+    the workers (which inherit the environment) are handed its address.
+    """
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        admin = admin_conninfo(TEST_ADMIN)
+        if admin != LOCAL_POSTGRES:
+            os.environ[TEST_ADMIN] = admin
+
+
+TEST_ADMIN = "SA_TEST_DATABASE_URL"
+"""The variable naming the admin server the tests make their databases on (else the local one,
+else an embedded one: jobqueue/devtools/embedded_db.py, admin_conninfo)."""
 
 TABLES = ("sa_job_event", "sa_ledger", "sa_audit", "sa_edge", "sa_job", "sa_entity", "sa_api_token",
           "sa_job_archive", "sa_job_event_archive", "sa_ledger_archive", "sa_route_pause",
@@ -31,7 +62,7 @@ TABLES = ("sa_job_event", "sa_ledger", "sa_audit", "sa_edge", "sa_job", "sa_enti
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[str]:
-    with scratch_database("sa_test", "SA_TEST_DATABASE_URL") as url:
+    with scratch_database("sa_test", TEST_ADMIN) as url:
         yield url
 
 

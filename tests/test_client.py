@@ -25,6 +25,10 @@ from jobqueue.schema.migrate import migrate
 from sa_core.client import API_PREFIX, ApiError, AsyncClient, Client, Event, WaitTimeout
 from tests.helpers import REPO, answers, free_port, wait_for
 
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped web and worker start once.
+pytestmark = pytest.mark.xdist_group("client")
+
 _ORGS = itertools.count(700)
 
 

@@ -39,7 +39,8 @@ def api(settings: Settings, pool: ConnectionPool[DictConnection], auth: dict[str
     hub = EventHub.from_settings(pool, settings)
     server = make_server("127.0.0.1", 0, create_app(settings, pool, hub=hub),
                          server_class=_ThreadingServer, handler_class=_Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # NOTE: shutdown() waits for serve_forever to look, every poll_interval (0.5 s by default).
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{server.server_port}"
     monkeypatch.setenv("SA_API_URL", url)

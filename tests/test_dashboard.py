@@ -22,6 +22,10 @@ from psycopg.conninfo import make_conninfo
 
 from tests.helpers import free_port, require_tool, wait_for
 
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped scraped stack starts once.
+pytestmark = pytest.mark.xdist_group("dashboard")
+
 REPO = Path(__file__).resolve().parent.parent
 DASHBOARD = REPO / "ops" / "grafana" / "dashboard.json"
 BIN = Path(sys.executable).parent

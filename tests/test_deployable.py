@@ -20,6 +20,10 @@ import pytest
 
 from tests.helpers import REPO, answers, free_port, wait_for
 
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped wheel is built once.
+pytestmark = pytest.mark.xdist_group("deployable")
+
 API = "/sa-core/v1"
 
 

@@ -22,6 +22,10 @@ from psycopg.conninfo import make_conninfo
 from tests.helpers import wait_for
 from tests.hosts import free_port
 
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped `sa-core dev` starts once.
+pytestmark = pytest.mark.xdist_group("dev")
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 

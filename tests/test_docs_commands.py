@@ -230,6 +230,9 @@ def _script(path: Path) -> str:
     return "\n".join(parts) + "\n"
 
 
+# NOTE: on one xdist worker (make test's --dist loadgroup), so the module-scoped stack the pasted
+# commands talk to starts once.
+@pytest.mark.xdist_group("docs_commands")
 @pytest.mark.parametrize("path", [p for p in DOCUMENTS if any(b.info in RUN for b in blocks(p))],
                          ids=_name)
 def test_the_commands_run_as_pasted(path: Path, pasted: dict[str, str], tmp_path: Path) -> None:

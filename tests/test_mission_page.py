@@ -40,6 +40,10 @@ from jobqueue.devtools.fake_provider import FakeProvider
 from tests.helpers import REPO, fetch_one, free_port, require_tool
 from tests.processes import gunicorn, run_process
 
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped web, worker and browser start once.
+pytestmark = pytest.mark.xdist_group("mission_page")
+
 API = "/sa-core/v1"
 BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
 

@@ -25,6 +25,9 @@ from jobqueue.core.tokens import create_token
 from tests.helpers import answers, require, wait_for
 from tests.hosts import VENV_BIN, Host, Hosts, Process, procfile_command, unavailable
 
+# NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
+# module-scoped hosts, cluster and pooler start once.
+pytestmark = pytest.mark.xdist_group("multihost")
 WEB_PORT = 8000
 FAST = {
     "SA_HEARTBEAT_INTERVAL": "0.5", "SA_STALE_AFTER": "5", "SA_RECLAIM_INTERVAL": "0.5",
@@ -215,6 +218,7 @@ def test_another_host_takes_the_leader_role_when_the_leaders_host_is_cut(
 
 HOLD_A_JOB = """
 import sys, time, psycopg
+
 conn = psycopg.connect(sys.argv[1], prepare_threshold=None)
 conn.execute("SELECT id FROM sa_job WHERE state = 'queued' ORDER BY id LIMIT 1 FOR UPDATE")
 print("locked", flush=True)

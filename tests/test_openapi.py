@@ -22,6 +22,8 @@ import pytest
 import schemathesis
 from psycopg_pool import ConnectionPool
 from schemathesis.config import SchemathesisConfig
+from schemathesis.generation import GenerationMode
+from schemathesis.transport.wsgi import WSGI_TRANSPORT
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
@@ -54,7 +56,6 @@ CONFIG_DATA: dict[str, Any] = {
     "suppress-health-check": ["all"],
     "checks": {"max_response_time": 5.0},
 }
-CONFIG = SchemathesisConfig.from_dict(CONFIG_DATA)
 PHASES = ("examples", "coverage", "fuzzing", "stateful")
 SUBMIT = f"POST {API_PREFIX}/prompt"
 BATCH = f"POST {API_PREFIX}/prompts/batch"
@@ -89,17 +90,29 @@ class AppUnderTest:
 
 
 APP = AppUnderTest()
-# NOTE: copies, since Schemathesis annotates the dict it is given. `stateful` runs that phase
-# alone; `schema` runs the others through pytest.
-schema = schemathesis.openapi.from_dict(copy.deepcopy(DOCUMENT), config=CONFIG)
+# NOTE: every operation of the document, as "METHOD /path": the conformance test's ids. Read from
+# the document, not from Schemathesis' cases, so collection is instant and every xdist worker
+# collects the same list.
+OPERATIONS = sorted(f"{method.upper()} {path}" for path, item in DOCUMENT["paths"].items()
+                    for method in item if method in ("get", "put", "post", "delete", "patch"))
+
+
+def _phases(*enabled: str) -> dict[str, Any]:
+    """CONFIG_DATA with only these phases enabled."""
+    data = copy.deepcopy(CONFIG_DATA)
+    data["phases"] = {phase: {"enabled": phase in enabled} for phase in PHASES}
+    return data
+
+
+# NOTE: copies, since Schemathesis annotates the dict it is given. `schema` runs the examples,
+# coverage and fuzzing phases, one operation per test; `stateful` runs that phase alone. Both
+# through Schemathesis' engine inside the test: its cases are built when the test runs, not at
+# collection (the coverage phase's cases took 30 s to build there).
+schema = schemathesis.openapi.from_dict(
+    copy.deepcopy(DOCUMENT), config=SchemathesisConfig.from_dict(_phases("examples", "coverage", "fuzzing")))
 schema.app = APP
-STATEFUL = copy.deepcopy(CONFIG_DATA)
-STATEFUL["phases"] = {phase: {"enabled": phase == "stateful"} for phase in PHASES}
+STATEFUL = _phases("stateful")
 STATEFUL["phases"]["stateful"]["max-steps"] = 12
-# NOTE: ignored_auth runs in the three other phases; in the engine its probe hands the WSGI
-# transport a requests-only argument (`max_redirects`: a TypeError in werkzeug, Schemathesis
-# 4.32.5), so there the check only errors.
-STATEFUL["checks"] = {**STATEFUL["checks"], "ignored_auth": {"enabled": False}}
 stateful = schemathesis.openapi.from_dict(copy.deepcopy(DOCUMENT),
                                           config=SchemathesisConfig.from_dict(STATEFUL))
 stateful.app = APP
@@ -140,8 +153,9 @@ def _known_state(case: Any) -> None:
     is a 422 by design), and a well-formed Idempotency-Key is a fresh one (reused with another
     body it is a 422 by design).
     These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
-    tests/test_idempotency.py. A well-formed `Prefer: wait=N` becomes wait=0: with no worker
-    here, every call would hold N seconds (waiting is tested in tests/test_wait.py)."""
+    tests/test_idempotency.py. A well-formed `Prefer: wait=N` (or any, in a case meant valid:
+    _positive) becomes wait=0: with no worker here, every call would hold N seconds (waiting is
+    tested in tests/test_wait.py)."""
     if case.operation.label not in (SUBMIT, BATCH):
         return
     body = case.body
@@ -153,8 +167,15 @@ def _known_state(case: Any) -> None:
     if isinstance(key, str) and KEY_RE.fullmatch(key) and len(key) <= MAX_KEY_LENGTH:
         case.headers = {**case.headers, IDEMPOTENCY_KEY.name: str(uuid.uuid4())}
     prefer = (case.headers or {}).get(PREFER.name)
-    if isinstance(prefer, str) and PREFER_RE.fullmatch(prefer):
+    if isinstance(prefer, str) and (PREFER_RE.fullmatch(prefer) or _positive(case)):
         case.headers = {**case.headers, PREFER.name: "wait=0"}
+
+
+def _positive(case: Any) -> bool:
+    """Whether Schemathesis made `case` to be schema-valid. NOTE: its coverage phase's
+    "All required properties and optional 'Prefer'" case (Schemathesis 4.32.5) sends `Prefer: 0`
+    as valid, ignoring the header's pattern; the app's 400 to it is right."""
+    return case.meta is not None and case.meta.generation.mode is GenerationMode.POSITIVE
 
 
 stateful.auth(refresh_interval=None)(BearerToken)
@@ -195,9 +216,35 @@ def test_every_route_is_documented_and_every_documented_route_is_served(
     assert documented - served == set(), "these documented routes are not served"
 
 
+# NOTE: socket settings the engine hands every transport; the WSGI transport drops them only when
+# it is also handed the engine's requests.Session (schemathesis/transport/wsgi.py, send).
+_SOCKET_ONLY = ("max_redirects", "verify", "cert", "proxies")
+
+
+def _without_socket_settings(send: Callable[..., Any]) -> Callable[..., Any]:
+    """The WSGI transport's `send`, dropping the socket settings a call brings without a session.
+
+    NOTE: the fix for the `ignored_auth` check's errors (a TypeError on every probe, Schemathesis
+    4.32.5): the check probes an operation without credentials through
+    schemathesis/specs/openapi/_auth_retry.py's send_probe, whose build_retry_transport_kwargs
+    removes the engine's session (it carries the credentials) but keeps `max_redirects`,
+    `verify` and `cert`; with no requests.Session to recognise, WSGITransport.send passes them
+    on to werkzeug's Client.open, which has no such arguments. In process, they mean nothing.
+    """
+
+    def wrapped(case: Any, *, session: Any = None, **kwargs: Any) -> Any:
+        if session is None:
+            for name in _SOCKET_ONLY:
+                kwargs.pop(name, None)
+        return send(case, session=session, **kwargs)
+
+    return wrapped
+
+
 @pytest.fixture
 def app_under_test(settings: Settings, pool: ConnectionPool[DictConnection],
-                   auth: dict[str, str]) -> Iterator[Any]:
+                   auth: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    monkeypatch.setattr(WSGI_TRANSPORT, "send", _without_socket_settings(WSGI_TRANSPORT.send))
     # NOTE: a short keepalive ends a fetched stream soon after what it sends at once; the hub is
     # ready before the first case, so every stream gets that far.
     settings = replace(settings, sse_keepalive=0.05)
@@ -223,9 +270,39 @@ def app_under_test(settings: Settings, pool: ConnectionPool[DictConnection],
     hub.stop()
 
 
-@schema.parametrize()
-def test_the_app_conforms_to_its_document(case: Any, app_under_test: Any) -> None:
-    case.call_and_validate()
+def _described(info: Any) -> str:
+    """A failed check's failure and the command that reproduces it (nothing for a crashed one)."""
+    if info is None:
+        return "the check raised (no failure recorded)"
+    return f"{info.failure.title}: {info.failure.message}\n{info.code_sample}"
+
+
+def _run(tested: Any) -> tuple[list[tuple[str, object]], set[str]]:
+    """Runs Schemathesis' engine on `tested`: the checks that failed or errored (and the engine's
+    own errors), and the operations its scenarios reached."""
+    failures: list[tuple[str, object]] = []
+    reached: set[str] = set()
+    for event in schemathesis.engine.from_schema(tested).execute():
+        if isinstance(event, schemathesis.engine.events.ScenarioFinished):
+            reached.update(case.value.operation.label for case in event.recorder.cases.values())
+            failures += [(check.name, _described(check.failure_info))
+                         for checks in event.recorder.checks.values()
+                         for check in checks
+                         if check.status in (schemathesis.engine.Status.FAILURE,
+                                             schemathesis.engine.Status.ERROR)]
+        elif isinstance(event, (schemathesis.engine.events.NonFatalError,
+                                schemathesis.engine.events.FatalError)):
+            failures.append(("error", event))
+    return failures, reached
+
+
+@pytest.mark.parametrize("operation", OPERATIONS)
+def test_the_app_conforms_to_its_document(operation: str, app_under_test: Any) -> None:
+    """The examples, coverage and fuzzing phases on one operation, every check on every case."""
+    method, path = operation.split(" ", 1)
+    failures, reached = _run(schema.include(method=method, path=path))
+    assert not failures, failures
+    assert reached == {operation}
 
 
 def test_sequences_of_calls_along_the_documents_links_conform(app_under_test: Any) -> None:
@@ -234,17 +311,7 @@ def test_sequences_of_calls_along_the_documents_links_conform(app_under_test: An
     step. NOTE: the engine, not Hypothesis' state machine runner: the database answers the same
     scenario differently from one replay to the next (ids, times), which only the engine is
     built to take."""
-    failures, reached = [], set()
-    for event in schemathesis.engine.from_schema(stateful).execute():
-        if isinstance(event, schemathesis.engine.events.ScenarioFinished):
-            reached.update(case.value.operation.label for case in event.recorder.cases.values())
-            failures += [(check.name, check.failure_info) for checks in event.recorder.checks.values()
-                         for check in checks
-                         if check.status in (schemathesis.engine.Status.FAILURE,
-                                             schemathesis.engine.Status.ERROR)]
-        elif isinstance(event, (schemathesis.engine.events.NonFatalError,
-                                schemathesis.engine.events.FatalError)):
-            failures.append(("error", event))
+    failures, reached = _run(stateful)
     assert not failures, failures
     assert {SUBMIT, f"GET {API_PREFIX}/jobs/{{job_id}}", f"POST {API_PREFIX}/jobs/{{job_id}}/cancel",
             f"GET {API_PREFIX}/prompts/{{prompt_id}}",

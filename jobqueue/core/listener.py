@@ -13,6 +13,12 @@ __all__ = ["NotificationListener"]
 
 log = structlog.get_logger(__name__)
 
+STOP_CHECK = 0.1
+"""Seconds between the thread's looks at `stop` while no notification comes.
+NOTE: the wait cannot be interrupted from another thread; at 1 s, every stop (a web process's
+or a worker's shutdown, and hundreds of tests' teardowns) waited up to a second. A look is a
+poll of an idle socket."""
+
 
 class NotificationListener:
     """Runs `listen` (a LISTEN statement) and hands each payload to `on_notify`; reconnects with backoff.
@@ -45,7 +51,7 @@ class NotificationListener:
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stops listening; the thread notices within one second."""
+        """Stops listening; the thread notices within STOP_CHECK seconds."""
         self._stopping.set()
         self._thread.join(timeout)
 
@@ -70,7 +76,7 @@ class NotificationListener:
 
     def _consume(self, conn: psycopg.Connection[Any]) -> None:
         while not self._stopping.is_set():
-            for notify in conn.notifies(timeout=1.0):
+            for notify in conn.notifies(timeout=STOP_CHECK):
                 try:
                     self._on_notify(notify.payload)
                 except Exception:

@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.engine.control import cancel_job, retry_prompt
 from service.auth import API_PREFIX
-from service.contract import parse_no_body
+from service.contract import read_no_body
 
 __all__ = ["JobCancel", "PromptRetry"]
 
@@ -23,7 +23,7 @@ class JobCancel:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, job_id: uuid.UUID) -> None:
         """Answers the cancelled job, or 404 when it is not the caller's org's."""
-        parse_no_body(req.get_media(default_when_empty=None))
+        read_no_body(req)
         caller = req.context.caller
         resp.media = cancel_job(self._pool, job_id, caller.org_id,
                                 reason=f"cancelled by user {caller.user_id}")
@@ -39,7 +39,7 @@ class PromptRetry:
     def on_post(self, req: falcon.Request, resp: falcon.Response, prompt_id: uuid.UUID) -> None:
         """Queues the new job (and re-arms its chain); 409 while the latest job is still active,
         404 for unknown prompts, 429 when the org's queue cap would be passed."""
-        parse_no_body(req.get_media(default_when_empty=None))
+        read_no_body(req)
         retried = retry_prompt(self._pool, prompt_id, req.context.caller,
                                max_queued=self._max_queued)
         resp.status = falcon.HTTP_202

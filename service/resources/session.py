@@ -10,7 +10,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller, close_session, open_session
 from service.auth import API_PREFIX, SESSION_COOKIE, invalid_token
-from service.contract import parse_no_body
+from service.contract import read_no_body
 
 __all__ = ["SESSION_TTL_SECONDS", "Session"]
 
@@ -37,7 +37,7 @@ class Session:
         Raises:
             falcon.HTTPBadRequest: the request was authenticated by a cookie, not a token.
         """
-        parse_no_body(req.get_media(default_when_empty=None))
+        read_no_body(req)
         header = req.get_header("Authorization")
         if header is None:
             raise falcon.HTTPBadRequest(
