@@ -72,7 +72,6 @@ __all__ = [
     "PromptRequest",
     "check_routable",
     "parse_batch",
-    "parse_no_body",
     "parse_prompt",
     "prompt_batch_body",
     "prompt_body",
@@ -286,19 +285,6 @@ def read_no_body(req: falcon.Request) -> None:
     """
     body = req.get_media(default_when_empty=_NOT_SENT)
     if body is not _NOT_SENT:
-        _check_no_body(body)
-
-
-def parse_no_body(body: object) -> None:
-    """Validates the body of a route that takes none: absent, or an empty JSON object.
-
-    NOTE: given `req.get_media(default_when_empty=None)`, a JSON `null` reads as absent here;
-    `read_no_body` tells them apart.
-
-    Raises:
-        falcon.HTTPUnprocessableEntity: the body holds anything else.
-    """
-    if body is not None:
         _check_no_body(body)
 
 

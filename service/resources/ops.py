@@ -17,7 +17,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.states import JobState
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.inspection import list_jobs, queue_metrics
-from service.contract import parse_no_body
+from service.contract import read_no_body
 
 __all__ = ["OPS_LIST_LIMIT", "OPS_WINDOW", "OpsCancel", "OpsOverview", "OpsRetry"]
 
@@ -59,7 +59,7 @@ class OpsCancel:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, job_id: uuid.UUID) -> None:
         """Answers the cancelled job; 404 for an unknown id."""
-        parse_no_body(req.get_media(default_when_empty=None))
+        read_no_body(req)
         caller = req.context.caller
         resp.media = cancel_job(self._pool, job_id, None, reason=(
             f"cancelled by operator user {caller.user_id} of org {caller.org_id}"))
@@ -73,7 +73,7 @@ class OpsRetry:
 
     def on_post(self, req: falcon.Request, resp: falcon.Response, job_id: uuid.UUID) -> None:
         """Queues the new job; 409 while the job is active or already superseded, 404 unknown."""
-        parse_no_body(req.get_media(default_when_empty=None))
+        read_no_body(req)
         retried = retry_job(self._pool, job_id, None)
         resp.status = falcon.HTTP_202
         resp.media = retried.as_dict()
