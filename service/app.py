@@ -14,7 +14,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core import metrics
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.dbcheck import DatabaseRefused, check_urls
-from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, QueueFull
+from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, TryLater
 from jobqueue.core.exposition import ProcessFigures
 from jobqueue.core.listener import NotificationListener
 from jobqueue.core.logs import configure_logging
@@ -55,14 +55,14 @@ _STATUS: dict[type[JobQueueError], str] = {
     NotFound: falcon.HTTP_404,
     Conflict: falcon.HTTP_409,
     InvalidInput: falcon.HTTP_422,
-    QueueFull: falcon.HTTP_429,
+    TryLater: falcon.HTTP_429,
 }
 
 
 def _domain_error(req: falcon.Request, resp: falcon.Response, ex: Exception, params: Any) -> None:
     assert isinstance(ex, JobQueueError)
     status = next((s for cls, s in _STATUS.items() if isinstance(ex, cls)), falcon.HTTP_400)
-    headers = {"Retry-After": str(ex.retry_after)} if isinstance(ex, QueueFull) else None
+    headers = {"Retry-After": str(ex.retry_after)} if isinstance(ex, TryLater) else None
     raise falcon.HTTPError(status, title=ex.title, description=ex.description, headers=headers)
 
 

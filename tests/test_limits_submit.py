@@ -5,11 +5,13 @@ items, and a token's sessions."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import falcon.testing
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -191,3 +193,21 @@ def test_a_token_keeps_its_newest_sessions_and_signing_in_again_ends_the_oldest(
                              "JOIN sa_api_token t ON t.id = s.token_id GROUP BY t.org_id "
                              "ORDER BY t.org_id")
     assert [(row["org_id"], row["n"]) for row in counts] == [(1, 3), (2, 1)]
+
+
+def test_a_sign_in_that_would_wait_for_another_of_its_token_is_told_to_retry_at_once(
+    three_sessions: falcon.testing.TestClient, auth: dict[str, str],
+    other_org_auth: dict[str, str], settings: Settings,
+) -> None:
+    web = three_sessions
+    # NOTE: a sign-in of the same token, caught mid-way: its transaction holds the token's row.
+    with psycopg.connect(settings.database_url) as holder:
+        holder.execute("SELECT 1 FROM sa_api_token WHERE org_id = 1 FOR UPDATE")
+        started = time.monotonic()
+        busy = web.simulate_post(f"{API}/session", headers=auth)
+        assert time.monotonic() - started < 2, "refused at once, not after waiting for the lock"
+        assert busy.status_code == 429, busy.text
+        assert busy.headers["retry-after"] == "1" and "sa_session" not in busy.cookies
+        # NOTE: another token's sign-in is not held back.
+        assert web.simulate_post(f"{API}/session", headers=other_org_auth).status_code == 201
+    assert web.simulate_post(f"{API}/session", headers=auth).status_code == 201

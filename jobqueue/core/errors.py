@@ -37,11 +37,24 @@ class IdempotencyKeyReused(InvalidInput):
     title = "Idempotency-Key reused"
 
 
-class QueueFull(JobQueueError):
-    """The caller's org already has as many queued jobs as its cap allows; retry later."""
+class TryLater(JobQueueError):
+    """Refused for now, not for good: `retry_after` seconds later the same request may pass."""
 
-    title = "Too many queued jobs"
+    title = "Try again later"
 
     def __init__(self, description: str, retry_after: int) -> None:
         super().__init__(description)
         self.retry_after = retry_after
+
+
+class QueueFull(TryLater):
+    """The caller's org already has as many queued jobs as its cap allows; retry later."""
+
+    title = "Too many queued jobs"
+
+
+class SignInBusy(TryLater):
+    """Another sign-in with the same token is being written: sign-ins of one token take turns
+    without holding a database connection while they wait."""
+
+    title = "Sign-in under way"

@@ -28,9 +28,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, reconnecting
+from jobqueue.core.errors import SignInBusy
 from jobqueue.core.queries import session as session_q
 from jobqueue.core.queries import token as q
 
@@ -191,14 +193,21 @@ def open_session(pool: ConnectionPool[DictConnection], token: str, ttl: float,
 
     Returns:
         The session, or None when the token is not active (unknown, revoked or expired).
+
+    Raises:
+        SignInBusy: another sign-in with the same token is being written (retry in a second).
     """
     session_id = secrets.token_urlsafe(32)
     params = {"session_hash": hash_token(session_id), "token_hash": hash_token(token), "ttl": ttl,
               "keep": max_per_token - 1}
-    with pool.connection() as conn:
-        row = conn.execute(session_q.SESSION_INSERT, params).fetchone()
-        if row is not None:
-            conn.execute(session_q.SESSION_DELETE_OLDEST_FOR_TOKEN, params)
+    try:
+        with pool.connection() as conn, conn.transaction():
+            row = conn.execute(session_q.SESSION_INSERT, params).fetchone()
+            if row is not None:
+                conn.execute(session_q.SESSION_DELETE_OLDEST_FOR_TOKEN, params)
+    except psycopg.errors.LockNotAvailable:
+        raise SignInBusy("another sign-in with this token is being written; try again in a "
+                         "second", retry_after=1) from None
     if row is None:
         return None
     return OpenedSession(id=session_id, expires_at=row["expires_at"])

@@ -8,7 +8,9 @@ __all__ = ["SESSION_DELETE", "SESSION_DELETE_OLDEST_FOR_TOKEN", "SESSION_GET_ACT
 # live sessions without a maintenance loop. A session never outlives its token's own expiry.
 # No row comes back when the token is not active (revoked or expired meanwhile). The token's row
 # stays locked to the end of the transaction, so its sign-ins take turns and
-# SESSION_DELETE_OLDEST_FOR_TOKEN, next in the same transaction, sees every other one.
+# SESSION_DELETE_OLDEST_FOR_TOKEN, next in the same transaction, sees every other one; NOWAIT,
+# so a sign-in that would wait for another of the same token fails at once (lock_not_available)
+# instead of holding a pooled connection while it waits.
 SESSION_INSERT = """
 WITH pruned AS (
     DELETE FROM sa_session WHERE expires_at <= now()
@@ -20,7 +22,7 @@ SELECT %(session_hash)s, id,
  WHERE token_hash = %(token_hash)s
    AND revoked_at IS NULL
    AND (expires_at IS NULL OR expires_at > now())
-   FOR UPDATE
+   FOR UPDATE NOWAIT
 RETURNING expires_at
 """
 
