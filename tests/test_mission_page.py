@@ -519,8 +519,8 @@ def test_a_streamed_answer_shows_as_it_is_written_and_again_after_a_reload(
                 viewer = Viewer(pool, base)
                 viewer.sign_in(page)
                 until(page, lambda d: connection(d) == "live")
-                words = " ".join(f"w{n}" for n in range(40))
-                text = f"{words} [fake:stream-gap=0.25]"
+                words = " ".join(f"w{n}" for n in range(30))
+                text = f"{words} [fake:stream-gap=0.2]"
                 prompt_id = viewer.submit(text)["prompt_id"]
                 partial = ("return document.querySelector(`#field .drop[data-prompt-id=\"${arguments[0]}\"]"
                            " .response-text.partial`)?.textContent || ''")
