@@ -23,7 +23,7 @@ const items = new Map();   // prompt_id -> item (a /mission/recent item)
 const drops = new Map();   // prompt_id -> <li>
 const opened = new Set();  // long texts the viewer expanded ("prompt:<id>", "answer:<id>")
 const partials = new Map(); // job_id -> {attempt, text}: a streamed attempt's text so far
-const caughtUp = new Set(); // running jobs whose partial_text was read once (after a reload)
+const catching = new Set(); // jobs whose partial_text is being read
 let cursor = null;
 let syncing = false;
 let again = false;
@@ -133,7 +133,6 @@ function merge(item) {
   items.set(item.prompt_id, { ...before, ...item });
   const merged = items.get(item.prompt_id);
   if (merged.state !== "running") partials.delete(merged.job_id);
-  else if (!caughtUp.has(merged.job_id)) catchUp(merged);
   renderDrop(items.get(item.prompt_id));
   const parent = item.parent_id && itemOf(item.parent_id);
   if (parent) renderDrop(parent);
@@ -142,17 +141,16 @@ function merge(item) {
 }
 
 // NOTE: a streamed attempt's text as it is written: each job.output_delta applies at its offset
-// (a retry starts over at 0). A page that opens while an answer streams, or a delta past what the
-// page has (some were missed while the stream was away), reads the text so far once from the
-// job's partial_text; the deltas after it apply on top.
+// (a retry starts over at 0). A delta past what the page has (it opened while the answer
+// streamed, or missed some while the stream was away) reads the text so far from the job's
+// partial_text, once at a time; the deltas after it apply on top. Only streamed jobs cost a read.
 function applyDelta(delta) {
   const item = items.get(delta.prompt_id);
   if (!item || item.job_id !== delta.job_id || item.state !== "running") return;
   let partial = partials.get(delta.job_id);
   if (!partial || partial.attempt !== delta.attempt) partial = { attempt: delta.attempt, text: "" };
   if (delta.offset > partial.text.length) {
-    caughtUp.delete(delta.job_id);
-    catchUp(item);
+    if (!catching.has(delta.job_id)) catchUp(item);
     return;
   }
   partial.text = partial.text.slice(0, delta.offset) + delta.text;
@@ -161,7 +159,7 @@ function applyDelta(delta) {
 }
 
 async function catchUp(item) {
-  caughtUp.add(item.job_id);
+  catching.add(item.job_id);
   try {
     const job = await api("GET", `/jobs/${item.job_id}`);
     const mine = partials.get(item.job_id);
@@ -172,6 +170,8 @@ async function catchUp(item) {
     if (current && current.job_id === item.job_id) renderDrop(current);
   } catch (err) {
     failed(err);
+  } finally {
+    catching.delete(item.job_id);
   }
 }
 
