@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import falcon.testing
+import psycopg
 import pytest
 from psycopg_pool import ConnectionPool
 
@@ -168,8 +169,8 @@ def test_a_cancel_committed_after_a_later_event_is_still_seen(
     # "the largest id seen" would skip it for good.
     worker = workers.start(concurrency=1)
     job_id, held = _hold(client, auth, holding, pool)
-    with pool.connection() as late:
-        late.autocommit = False
+    # NOTE: a connection of its own: a pooled one left out of autocommit would reach later tests.
+    with psycopg.connect(database_url) as late:
         late.execute("UPDATE sa_job SET state = 'cancelled', finished_at = now() WHERE id = %s",
                      (job_id,))
         submit(client, auth, text=f"a later event {uuid.uuid4()}")
