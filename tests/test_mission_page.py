@@ -9,6 +9,7 @@ org, so no test sees another's prompts (one checks exactly that).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -203,6 +204,16 @@ const drop = [...document.querySelectorAll('#field .drop')]
 """, text, label)
 
 
+@contextlib.contextmanager
+def phone_width(driver: WebDriver) -> Iterator[None]:
+    """The page at a phone's width (390 px) for the block, then at the desktop width again."""
+    driver.set_window_size(390, 844)
+    try:
+        yield
+    finally:
+        driver.set_window_size(1280, 900)
+
+
 def compose(driver: WebDriver, text: str) -> None:
     box = driver.find_element(By.ID, "text")
     box.send_keys(text)
@@ -274,12 +285,9 @@ def test_a_reply_typed_from_the_keyboard_continues_the_thread_and_the_thread_vie
     assert entries == [root, reply]
     page.switch_to.active_element.send_keys(Keys.ESCAPE)
     until(page, lambda d: not d.find_element(By.ID, "thread").is_displayed())
-    page.set_window_size(390, 844)
-    try:
+    with phone_width(page):
         assert page.execute_script(
             "return document.documentElement.scrollWidth <= window.innerWidth"), "no sideways scroll"
-    finally:
-        page.set_window_size(1280, 900)
 
 
 def test_two_clicks_on_send_make_one_prompt(
@@ -467,8 +475,7 @@ def test_a_long_prompt_is_collapsed_until_the_reader_asks_for_all_of_it(
     text = f"long {uuid.uuid4().hex[:6]}\n" + "\n".join(f"line {n} of a long paste" for n in range(200))
     prompt_id = viewer.submit(text)["prompt_id"]
     drop_in(page, text, "succeeded")
-    page.set_window_size(390, 844)
-    try:
+    with phone_width(page):
         height = ("return document.querySelector(`#field .drop[data-prompt-id=\"${arguments[0]}\"]`)"
                   ".getBoundingClientRect().height")
         collapsed = page.execute_script(height, prompt_id)
@@ -479,8 +486,6 @@ def test_a_long_prompt_is_collapsed_until_the_reader_asks_for_all_of_it(
         more[0].click()
         assert page.execute_script(height, prompt_id) > collapsed + 2000
         assert more[0].get_attribute("aria-expanded") == "true"
-    finally:
-        page.set_window_size(1280, 900)
 
 
 def test_a_queued_prompt_says_why_it_waits_with_a_countdown_that_moves(
