@@ -209,7 +209,7 @@ def test_a_prompts_jobs_page_stops_at_its_bytes(
 
 
 def test_a_page_of_jobs_reads_its_own_rows_whatever_the_statistics_say(
-    pool: ConnectionPool[DictConnection],
+    pool: ConnectionPool[DictConnection], truncated_tables: None,
 ) -> None:
     # NOTE: statistics taken while one prompt's 5,000 retries were the whole table, then 20,000
     # newer jobs of other prompts: a walk of sa_job_created_idx would read them all.

@@ -250,7 +250,7 @@ def test_queue_metrics_match_the_database(
 
 
 def test_the_queue_metrics_window_is_served_by_the_event_brin_index(
-    pool: ConnectionPool[DictConnection],
+    pool: ConnectionPool[DictConnection], truncated_tables: None,
 ) -> None:
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")

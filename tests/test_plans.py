@@ -36,6 +36,8 @@ from jobqueue.core.queries import route as route_q
 from jobqueue.engine.claim import DEFAULT_DEPTH
 from tests.helpers import plan_tree
 
+pytestmark = pytest.mark.usefixtures("truncated_tables")
+
 BACKLOG = 100_000
 HISTORY = 2_000
 RUNNING = 200

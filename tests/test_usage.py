@@ -77,7 +77,7 @@ def test_usage_refuses_a_bad_range(cli: Cli, capsys: pytest.CaptureFixture[str])
 
 
 def test_the_usage_range_is_served_by_the_ledger_brin_indexes(
-        pool: ConnectionPool[DictConnection]) -> None:
+        pool: ConnectionPool[DictConnection], truncated_tables: None) -> None:
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + inspection_q.LEDGER_USAGE_SINCE,
