@@ -44,6 +44,7 @@ from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
 from service.resources.responses import ResponseItem
 from service.resources.session import Session
+from service.resources.usage import OrgUsage
 from service.serialize import json_handler, serialize_error
 from service.waits import Waits
 
@@ -212,6 +213,7 @@ def create_app(
                                 replay_limit=settings.sse_replay_limit,
                                 page_bytes=settings.page_max_bytes))
     app.add_route(f"{API_PREFIX}/session", Session(pool, settings.sessions_per_token))
+    app.add_route(f"{API_PREFIX}/usage", OrgUsage(pool, settings))
     app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))

@@ -25,6 +25,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import Enqueued, enqueue
+from jobqueue.engine.spend import check_budget
 from service.events.hub import EventHub
 from service.openai.errors import OpenAIError, bad_request
 from service.openai.follow import JobFollowers
@@ -112,6 +113,7 @@ class ChatCompletions:
         return slot
 
     def _enqueue(self, caller: Caller, request: ChatRequest, key: str | None) -> Enqueued:
+        check_budget(self._pool, caller.org_id, self._settings.budgets)
         try:
             return enqueue(self._pool, caller, request.text, priority=_INTERACTIVE_PRIORITY,
                            options=request.options, idempotency_key=key,
