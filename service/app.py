@@ -206,7 +206,7 @@ def create_app(
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
     app.add_route(f"{API_PREFIX}/responses/{{response_id:uuid}}", ResponseItem(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry",
-                  PromptRetry(pool, settings.org_max_queued))
+                  PromptRetry(pool, settings.org_max_queued, settings.budgets))
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub, settings))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,

@@ -154,8 +154,8 @@ def _known_state(case: Any) -> None:
     /mission/recent and GET /jobs/{job_id} to the cancel and retry routes, so a job made once
     could end before a later step names it), a well-formed `run_at` is an hour ahead (a past one
     is a 422 by design), a `prefer_provider` names the test's one route, `default` (a name no
-    route has is a 422 by design, tested in tests/test_route_costs.py), and a well-formed Idempotency-Key is a fresh one (reused with another
-    body it is a 422 by design).
+    route has is a 422 by design, tested in tests/test_route_costs.py), and a well-formed
+    Idempotency-Key is a fresh one (reused with another body it is a 422 by design).
     These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
     tests/test_idempotency.py. A well-formed `Prefer: wait=N` (or any, in a case meant valid:
     _positive) becomes wait=0: with no worker here, every call would hold N seconds (waiting is

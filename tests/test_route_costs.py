@@ -173,6 +173,8 @@ def test_an_org_past_its_daily_budget_is_refused_and_its_queue_waits(
         assert "SA_ORG_BUDGET_DAILY" in refused.json["description"]
         assert "of its budget of USD 0.000010" in refused.json["description"]
         assert 0 < int(refused.headers["retry-after"]) <= 86400
+        retried = client.simulate_post(f"{API}/prompts/{spent['prompt_id']}/retry", headers=auth)
+        assert retried.status_code == 429, retried.text
         other = submit(client, other_org_auth, text="other org", options={"model": "m-priced"})
 
         harness.build().run(once=True)
