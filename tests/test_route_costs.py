@@ -38,6 +38,12 @@ def broken() -> Iterator[FakeProvider]:
 
 
 @pytest.fixture(scope="module")
+def hung() -> Iterator[FakeProvider]:
+    with FakeProvider(config=FakeConfig(hang_rate=1.0)) as provider:
+        yield provider
+
+
+@pytest.fixture(scope="module")
 def limited() -> Iterator[FakeProvider]:
     with FakeProvider(config=FakeConfig(throttle_seconds=3600.0,
                                         throttle_retry_after="600")) as provider:
@@ -46,12 +52,14 @@ def limited() -> Iterator[FakeProvider]:
 
 @pytest.fixture
 def settings(base_settings: Settings, fake: FakeProvider, broken: FakeProvider,
-             limited: FakeProvider) -> Settings:
+             limited: FakeProvider, hung: FakeProvider) -> Settings:
     routes = {"routes": [
         {"name": "primary", "base_url": broken.url, "models": ["m-fb"], "fallbacks": ["backup"]},
+        {"name": "slow", "base_url": hung.url, "models": ["m-slow"], "fallbacks": ["backup"]},
         {"name": "limited", "base_url": limited.url, "models": ["m-429"],
          "fallbacks": ["primary", "backup"]},
-        {"name": "backup", "base_url": fake.url, "models": ["m-fb", "m-429", "m-priced"],
+        {"name": "backup", "base_url": fake.url,
+         "models": ["m-fb", "m-429", "m-slow", "m-priced"],
          "prices": BACKUP},
         {"name": "cheap", "base_url": fake.url, "models": ["m-priced"],
          "prices": {"m-priced": CHEAP, "*": {"input": 99, "output": 99}}}]}
@@ -93,6 +101,21 @@ def test_a_5xx_moves_the_next_attempt_to_the_fallback_priced_by_it(
         before, "sa_provider_cost_total", route="backup") == pytest.approx(second["cost"])
     assert value(after, "sa_route_fallbacks_total", route="primary", to_route="backup") > value(
         before, "sa_route_fallbacks_total", route="primary", to_route="backup")
+
+
+def test_a_timeout_moves_the_next_attempt_to_the_fallback(
+        settings: Settings, client: falcon.testing.TestClient, auth: dict[str, str],
+        pool: ConnectionPool[DictConnection]) -> None:
+    done = submit(client, auth, text="never answered", options={"model": "m-slow"})
+    harness = WorkerHarness(replace(settings, provider_timeout=0.3), pool)
+    try:
+        harness.build().run(once=True)
+        harness.build().run(once=True)
+    finally:
+        harness.stop_all()
+    job = _job(client, auth, done["job_id"])
+    assert (job["state"], job["attempt"]) == ("succeeded", 2), job
+    assert [(u["attempt"], u["route"]) for u in job["usage"]] == [(1, "slow"), (2, "backup")]
 
 
 def test_a_long_retry_after_moves_the_job_to_the_fallback_with_its_attempt_kept(
