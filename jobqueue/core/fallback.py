@@ -7,6 +7,8 @@ one the next attempt calls (sa_job.route).
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.routes import ANY_MODEL, Route, Routes
 
@@ -48,11 +50,18 @@ def route_for(routes: Routes, model: str, *, current: str | None = None,
     return routes.for_model(model)
 
 
-def fallback_for(routes: Routes, route: Route, model: str) -> Route | None:
-    """The first of `route`'s fallbacks that serves `model`, or None (the job stays on `route`)."""
+def fallback_for(routes: Routes, route: Route, model: str,
+                 paused: Collection[str] = ()) -> Route | None:
+    """The first of `route`'s fallbacks that serves `model` and is not `paused`, or None (the
+    job stays on `route`).
+
+    NOTE: a paused fallback is passed over, so two routes naming each other while both are
+    throttled do not hand a job back and forth (its attempt kept each time) without a call.
+    """
     for name in route.fallbacks:
         candidate = routes.named(name)
-        if candidate is not None and candidate.name != route.name and serves(candidate, model):
+        if (candidate is not None and candidate.name != route.name and name not in paused
+                and serves(candidate, model)):
             return candidate
     return None
 

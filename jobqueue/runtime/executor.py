@@ -188,7 +188,8 @@ class Executor:
         """The fallback route the job's next attempt calls after `kind` on `route`, or None."""
         if not route.fallbacks or not fails_over(kind, wait, self.fallback_after):
             return None
-        fallback = fallback_for(self.providers.routes, route, model)
+        paused = [name for name in route.fallbacks if self.gate.paused_for(name) > 0]
+        fallback = fallback_for(self.providers.routes, route, model, paused)
         if fallback is None:
             return None
         metrics.ROUTE_FALLBACKS.labels(route=route.name, to_route=fallback.name).inc()

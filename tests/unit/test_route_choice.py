@@ -40,6 +40,8 @@ def test_the_fallback_is_the_first_named_route_serving_the_model() -> None:
     a, b = ROUTES.named("a"), ROUTES.named("b")
     assert a is not None and b is not None
     assert fallback_for(ROUTES, a, "m") is b  # `x` does not serve m
+    assert fallback_for(ROUTES, a, "m", paused=["b"]) is ROUTES.named("c")
+    assert fallback_for(ROUTES, b, "m", paused=["a"]) is None
     assert fallback_for(ROUTES, b, "n") is None  # `a` does not serve n
     assert fallback_for(ROUTES, ROUTES.routes[-1], "m") is None  # `default` has none
 
