@@ -16,7 +16,7 @@ from typing import Any
 
 import falcon
 
-from jobqueue.core.fallback import serves
+from jobqueue.core.fallback import named_serving, serves
 from jobqueue.core.routes import Routes
 from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
@@ -271,17 +271,12 @@ def check_routable(requests: list[PromptRequest], routes: Routes, batch: bool = 
                           f"{', '.join(routes.known_models)})")
             continue
         prefer = request.options.get("prefer_provider")
-        if prefer is not None and not _prefers_a_route(routes, prefer, model):
+        if prefer is not None and named_serving(routes, prefer, model) is None:
             serving = [r.name for r in routes.routes if serves(r, model)]
             errors.append(f"{prefix}.prefer_provider: no route {prefer!r} serves model {model!r} "
                           f"(known routes serving it: {', '.join(serving)})")
     if errors:
         raise falcon.HTTPUnprocessableEntity(title="Invalid field", description="; ".join(errors))
-
-
-def _prefers_a_route(routes: Routes, name: str, model: str) -> bool:
-    route = routes.named(name)
-    return route is not None and serves(route, model)
 
 
 NO_BODY = Fields({}, description="No body is needed; an empty JSON object is accepted, anything "

@@ -225,3 +225,21 @@ def test_the_budget_reads_are_served_by_the_spend_indexes(
                                       {"now": None, "daily": 1.0, "monthly": 0.0}))
     assert "sa_org_spend_pkey" in one and "Seq Scan" not in one
     assert "sa_org_spend_day_idx" in every and "Seq Scan" not in every
+
+
+def test_the_chat_front_door_takes_prefer_provider_as_an_extra_field(
+        client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness) -> None:
+    chat = "/openai/v1/chat/completions"
+    messages = [{"role": "user", "content": "hello there"}]
+    refused = client.simulate_post(chat, headers=auth, json={
+        "model": "m-fb", "messages": messages, "prefer_provider": "cheap"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json["error"]["param"] == "prefer_provider"
+    assert "known routes serving it: primary, backup" in refused.json["error"]["message"]
+
+    workers.start()
+    answered = client.simulate_post(chat, headers=auth, json={
+        "model": "m-priced", "messages": messages, "prefer_provider": "cheap"})
+    assert answered.status_code == 200, answered.text
+    usage = _job(client, auth, answered.headers["x-sa-job-id"])["usage"]
+    assert [u["route"] for u in usage] == ["cheap"]

@@ -12,7 +12,7 @@ from collections.abc import Collection
 from jobqueue.core.policy import ErrorKind
 from jobqueue.core.routes import ANY_MODEL, Route, Routes
 
-__all__ = ["FAILOVER_KINDS", "fails_over", "fallback_for", "route_for", "serves"]
+__all__ = ["FAILOVER_KINDS", "fails_over", "fallback_for", "named_serving", "route_for", "serves"]
 
 FAILOVER_KINDS: frozenset[ErrorKind] = frozenset(
     {ErrorKind.PROVIDER_5XX, ErrorKind.TIMEOUT, ErrorKind.UNKNOWN})
@@ -26,6 +26,12 @@ fail the same way elsewhere (or is the route's own key), so they stay on the rou
 def serves(route: Route, model: str) -> bool:
     """Whether `route` serves `model` (it names it, or serves every model)."""
     return model in route.models or ANY_MODEL in route.models
+
+
+def named_serving(routes: Routes, name: str, model: str) -> Route | None:
+    """The route called `name` if it serves `model` (a `prefer_provider` that can be honoured)."""
+    route = routes.named(name)
+    return route if route is not None and serves(route, model) else None
 
 
 def route_for(routes: Routes, model: str, *, current: str | None = None,
@@ -44,8 +50,8 @@ def route_for(routes: Routes, model: str, *, current: str | None = None,
         route serves the model.
     """
     for name in (current, prefer):
-        route = routes.named(name) if name else None
-        if route is not None and serves(route, model):
+        route = named_serving(routes, name, model) if name else None
+        if route is not None:
             return route
     return routes.for_model(model)
 
