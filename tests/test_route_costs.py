@@ -198,6 +198,10 @@ def test_an_org_past_its_daily_budget_is_refused_and_its_queue_waits(
         assert 0 < int(refused.headers["retry-after"]) <= 86400
         retried = client.simulate_post(f"{API}/prompts/{spent['prompt_id']}/retry", headers=auth)
         assert retried.status_code == 429, retried.text
+        chat = client.simulate_post("/openai/v1/chat/completions", headers=auth, json={
+            "model": "m-priced", "messages": [{"role": "user", "content": "more"}]})
+        assert chat.status_code == 429, chat.text
+        assert chat.json["error"]["type"] == "rate_limit_error"
         other = submit(client, other_org_auth, text="other org", options={"model": "m-priced"})
 
         harness.build().run(once=True)
