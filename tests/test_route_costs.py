@@ -21,8 +21,9 @@ from jobqueue.core.queries import spend as spend_q
 from jobqueue.core.routes import load_routes
 from jobqueue.core.settings import Settings
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
+from jobqueue.runtime.retention import Retention
 from service.app import create_app
-from tests.helpers import WorkerHarness, fetch_one, plan_nodes, submit
+from tests.helpers import WorkerHarness, fetch_all, fetch_one, plan_nodes, submit
 from tests.metrics_page import scrape, value
 
 API = "/sa-core/v1"
@@ -247,3 +248,13 @@ def test_the_chat_front_door_takes_prefer_provider_as_an_extra_field(
     assert answered.status_code == 200, answered.text
     usage = _job(client, auth, answered.headers["x-sa-job-id"])["usage"]
     assert [u["route"] for u in usage] == ["cheap"]
+
+
+def test_retention_drops_the_spend_days_no_budget_reads(
+        pool: ConnectionPool[DictConnection]) -> None:
+    with pool.connection() as conn:
+        conn.execute("INSERT INTO sa_org_spend (org_id, day, shard, cost) VALUES "
+                     "(1, current_date - 100, 0, 1), (1, current_date, 3, 2)")
+    counts = Retention(Retention.Config()).run_once(pool)
+    assert counts.removed_spend_days == 1
+    assert [r["cost"] for r in fetch_all(pool, "SELECT cost FROM sa_org_spend")] == [2]
