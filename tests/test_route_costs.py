@@ -177,11 +177,12 @@ def test_a_route_that_does_not_serve_the_model_is_a_422_naming_the_known_ones(
     assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"] == 0
 
 
+@pytest.mark.parametrize("org_max_running", [0, 4], ids=["claim", "org_capped_claim"])
 def test_an_org_past_its_daily_budget_is_refused_and_its_queue_waits(
         settings: Settings, pool: ConnectionPool[DictConnection], auth: dict[str, str],
-        other_org_auth: dict[str, str]) -> None:
+        other_org_auth: dict[str, str], org_max_running: int) -> None:
     # NOTE: one call of a few tokens at BACKUP prices costs about USD 0.00005.
-    budgeted = replace(settings, org_budget_daily=0.00001)
+    budgeted = replace(settings, org_budget_daily=0.00001, org_max_running=org_max_running)
     client = falcon.testing.TestClient(create_app(budgeted, pool))
     spent = submit(client, auth, text="first", options={"model": "m-priced"})
     held = submit(client, auth, text="second", options={"model": "m-priced"})
