@@ -16,6 +16,7 @@ from typing import Any
 
 import falcon
 
+from jobqueue.core.fallback import named_serving, serves
 from jobqueue.core.routes import Routes
 from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
@@ -136,7 +137,12 @@ def options_body(max_chars: int) -> Fields:
             {"type": Choice(("text", "json_object"), "`json_object` asks for JSON mode.")},
             required=("type",), description="OpenAI's response_format: text or JSON mode."),
         "seed": Integer(-MAX_SEED - 1, MAX_SEED, description="Sampling seed, for providers that "
-                                                             "honour one.")}
+                                                             "honour one."),
+        "prefer_provider": Text(MAX_MODEL_CHARS, "The name of a model route (SA_PROVIDER_ROUTES) "
+                                                 "serving the model, called instead of the "
+                                                 "model's first route; its fallbacks still "
+                                                 "apply. A name that is no such route answers "
+                                                 "422.")}
     return Fields(fields, description="Execution options; only these keys are accepted.",
                   unknown=f"unknown option (allowed: {', '.join(fields)})",
                   component="ExecutionOptions")
@@ -250,17 +256,24 @@ def check_routable(requests: list[PromptRequest], routes: Routes, batch: bool = 
         batch: name each bad item by its index (`prompts[3].options.model`), all in one 422.
 
     Raises:
-        falcon.HTTPUnprocessableEntity: `options.model` (or the default model) has no route.
+        falcon.HTTPUnprocessableEntity: `options.model` (or the default model) has no route, or
+            `options.prefer_provider` names no route serving it.
     """
     if not routes:
         return
     errors = []
     for index, request in enumerate(requests):
-        if routes.for_model(request.options.get("model")) is None:
-            model = request.options.get("model") or routes.default_model
-            name = f"prompts[{index}].options.model" if batch else "options.model"
-            errors.append(f"{name}: no route serves model {model!r} (known: "
+        model = request.options.get("model") or routes.default_model
+        prefix = f"prompts[{index}].options" if batch else "options"
+        if routes.for_model(model) is None:
+            errors.append(f"{prefix}.model: no route serves model {model!r} (known: "
                           f"{', '.join(routes.known_models)})")
+            continue
+        prefer = request.options.get("prefer_provider")
+        if prefer is not None and named_serving(routes, prefer, model) is None:
+            serving = [r.name for r in routes.routes if serves(r, model)]
+            errors.append(f"{prefix}.prefer_provider: no route {prefer!r} serves model {model!r} "
+                          f"(known routes serving it: {', '.join(serving)})")
     if errors:
         raise falcon.HTTPUnprocessableEntity(title="Invalid field", description="; ".join(errors))
 

@@ -142,6 +142,9 @@ def _known_prompt(body: Any) -> Any:
         body = {**body, "parent_id": APP.prompt_id}
     if isinstance(body.get("after"), str) and UUID_RE.fullmatch(body["after"]) and APP.waiting_job:
         body = {**body, "after": APP.waiting_job()}
+    options = body.get("options")
+    if isinstance(options, dict) and isinstance(options.get("prefer_provider"), str):
+        body = {**body, "options": {**options, "prefer_provider": "default"}}
     if isinstance(body.get("run_at"), str) and INSTANT_RE.fullmatch(body["run_at"]):
         body = {**body, "run_at": (datetime.now(UTC) + timedelta(hours=1)).isoformat()}
     return body
@@ -154,8 +157,9 @@ def _known_state(case: Any) -> None:
     superseded, is a 422 by design: the stateful engine infers links from the job ids of GET
     /mission/recent and GET /jobs/{job_id} to the cancel and retry routes, so a job made once
     could end before a later step names it), a well-formed `run_at` is an hour ahead (a past one
-    is a 422 by design), and a well-formed Idempotency-Key is a fresh one (reused with another
-    body it is a 422 by design).
+    is a 422 by design), a `prefer_provider` names the test's one route, `default` (a name no
+    route has is a 422 by design, tested in tests/test_route_costs.py), and a well-formed
+    Idempotency-Key is a fresh one (reused with another body it is a 422 by design).
     These 422s are tested in tests/test_validation.py, tests/test_scheduled.py and
     tests/test_idempotency.py. A well-formed `Prefer: wait=N` (or any, in a case meant valid:
     _positive) becomes wait=0: with no worker here, every call would hold N seconds (waiting is
