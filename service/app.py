@@ -38,7 +38,7 @@ from service.resources.events import MissionEvents
 from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
 from service.resources.metrics import Metrics
-from service.resources.mission import MissionRecent
+from service.resources.mission import MissionPrompts, MissionRecent
 from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
 from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
@@ -208,6 +208,7 @@ def create_app(
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry",
                   PromptRetry(pool, settings.org_max_queued, settings.budgets))
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub, settings))
+    app.add_route(f"{API_PREFIX}/mission/prompts", MissionPrompts(pool, hub, settings))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
                                 replay_limit=settings.sse_replay_limit,

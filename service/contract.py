@@ -68,6 +68,8 @@ __all__ = [
     "SCOPE",
     "SCOPES",
     "SINCE",
+    "SNAPSHOT_BEFORE",
+    "SNAPSHOT_LIMIT",
     "PromptRequest",
     "check_routable",
     "options_body",
@@ -82,6 +84,8 @@ MAX_ATTEMPTS_LIMIT = 10
 MAX_MODEL_CHARS = 200
 RECENT_LIMIT_DEFAULT = 100
 RECENT_LIMIT_MAX = 500
+SNAPSHOT_LIMIT_DEFAULT = 50
+SNAPSHOT_LIMIT_MAX = 200
 JOBS_LIMIT_DEFAULT = 20
 JOBS_LIMIT_MAX = 100
 
@@ -317,6 +321,13 @@ RECENT_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1,
                                         "maximum": RECENT_LIMIT_MAX,
                                         "default": RECENT_LIMIT_DEFAULT},
                      "Most transitions read, hence most items answered.", 50)
+SNAPSHOT_BEFORE = Param("before", "query", {"type": "string", "pattern": CURSOR_PATTERN},
+                        "The previous answer's `next_before` (opaque): the next, older prompts.",
+                        "AAAAAAAAACo")
+SNAPSHOT_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1,
+                                          "maximum": SNAPSHOT_LIMIT_MAX,
+                                          "default": SNAPSHOT_LIMIT_DEFAULT},
+                       "Most prompts answered.", 50)
 JOBS_CURSOR = Param("cursor", "query", {"type": "string", "pattern": JOBS_CURSOR_PATTERN},
                     "The previous answer's `next_cursor` (opaque): the next, older jobs.",
                     "AAZhfSYz0ABeb3qLnA1OH6KzxNXm96i5")

@@ -309,6 +309,26 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                                        "cut: GET /responses/{response_id} has it whole."},
             },
         },
+        "MissionSnapshot": {
+            "type": "object",
+            "required": ["as_of", "event_id", "items", "next_before", "has_more"],
+            "additionalProperties": False,
+            "properties": {
+                "as_of": {**_TIME, "description": "When the page was read."},
+                "event_id": _nullable({"type": "integer", "minimum": 0, "description": (
+                    "The log position the items hold for: follow the changes after it with "
+                    "/mission/events?last_event_id=N. Null (with no item) while the event hub "
+                    "starts: ask again.")}),
+                "items": {"type": "array", "items": ref("MissionItem"),
+                          "description": "Prompts with their latest job, the one with the "
+                                         "newest event first."},
+                "next_before": _nullable({"type": "string", "pattern": CURSOR_PATTERN,
+                                          "description": "Pass it back as `before` for older "
+                                                         "prompts."}),
+                "has_more": {"type": "boolean", "description": "Older prompts (or this page's "
+                             "rest, past SA_PAGE_MAX_BYTES) remain: ask with `before`."},
+            },
+        },
         "MissionRecent": {
             "type": "object",
             "required": ["as_of", "items", "next_cursor", "has_more"],
@@ -402,6 +422,8 @@ EXAMPLES: dict[str, Any] = {
         "scheduled_for": "2026-11-30T12:00:00+00:00", "after_job_id": None, "waiting": False,
         "response_text": "One queue, many workers, nothing lost.", "text_truncated": False,
         "response_truncated": False}]},
+    "MissionSnapshot": {"as_of": AT, "event_id": 42, "next_before": None, "has_more": False,
+                        "items": []},
     "Entity": {**PROMPT_EXAMPLE, "id": RESPONSE_ID, "kind": "response", "parent_id": PROMPT_ID,
                "causation_id": JOB_ID, "content": "One queue, many workers, nothing lost."},
     "Session": {"org_id": 1, "user_id": 7, "scopes": ["ops"]},

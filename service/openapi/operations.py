@@ -22,6 +22,8 @@ from service.contract import (
     RECENT_LIMIT,
     SCOPE,
     SINCE,
+    SNAPSHOT_BEFORE,
+    SNAPSHOT_LIMIT,
     prompt_batch_body,
     prompt_body,
 )
@@ -230,6 +232,19 @@ def _feeds() -> list[Operation]:
                 "SA_FEED_TEXT_MAX_CHARS characters (`text_truncated`, `response_truncated`), and a "
                 "page ends early, with `has_more`, once its texts pass SA_PAGE_MAX_BYTES."),
             params=(CURSOR, SINCE, RECENT_LIMIT, SCOPE)),
+        Operation(
+            "get", f"{_API}/mission/prompts", "missionPrompts",
+            "The viewer's prompts with their latest state, latest activity first.",
+            {"200": Answer("A page of prompts.", "MissionSnapshot", links={
+                "GetPrompt": ("getPrompt", "prompt_id", "items/0/prompt_id"),
+                "GetJob": ("getJob", "job_id", "items/0/job_id")})},
+            description=(
+                "A first load: the present state of the viewer's prompts without their "
+                "history. The items hold for `event_id`: /mission/events?last_event_id=N "
+                "continues from it with no gap. A page walks at most 5,000 events; older "
+                "prompts come with `before`. Texts are cut as in /mission/recent, and a page "
+                "ends early, with `has_more`, once its texts pass SA_PAGE_MAX_BYTES."),
+            params=(SNAPSHOT_BEFORE, SNAPSHOT_LIMIT, SCOPE)),
         Operation(
             "get", f"{_API}/mission/events", "missionEvents",
             "Server-Sent Events of the caller's own jobs' transitions.",
