@@ -171,6 +171,8 @@ def test_the_snapshot_pages_prompts_newest_activity_first_and_the_stream_continu
     assert [item["state"] for item in items] == ["cancelled"] + ["queued"] * 6
     assert pages == 3
     assert event_id == fetch_all(pool, "SELECT max(id) AS n FROM sa_job_event")[0]["n"]
+    first = feeds.simulate_get(PROMPTS, headers=auth).json
+    assert poll_all(feeds, auth, first["cursor"]) == ([], first["cursor"])
     org, _, _ = snapshot_all(feeds, auth, scope="org")
     assert [item["text"] for item in org][:2] == ["snap 0", "a colleague"]
     assert "another org" not in {item["text"] for item in org}

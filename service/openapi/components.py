@@ -311,7 +311,7 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
         },
         "MissionSnapshot": {
             "type": "object",
-            "required": ["as_of", "event_id", "items", "next_before", "has_more"],
+            "required": ["as_of", "event_id", "cursor", "items", "next_before", "has_more"],
             "additionalProperties": False,
             "properties": {
                 "as_of": {**_TIME, "description": "When the page was read."},
@@ -319,6 +319,9 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                     "The log position the items hold for: follow the changes after it with "
                     "/mission/events?last_event_id=N. Null (with no item) while the event hub "
                     "starts: ask again.")}),
+                "cursor": _nullable({"type": "string", "pattern": CURSOR_PATTERN,
+                                     "description": "The same position as a /mission/recent "
+                                                    "`cursor`: polls the changes after it."}),
                 "items": {"type": "array", "items": ref("MissionItem"),
                           "description": "Prompts with their latest job, the one with the "
                                          "newest event first."},
@@ -422,7 +425,8 @@ EXAMPLES: dict[str, Any] = {
         "scheduled_for": "2026-11-30T12:00:00+00:00", "after_job_id": None, "waiting": False,
         "response_text": "One queue, many workers, nothing lost.", "text_truncated": False,
         "response_truncated": False}]},
-    "MissionSnapshot": {"as_of": AT, "event_id": 42, "next_before": None, "has_more": False,
+    "MissionSnapshot": {"as_of": AT, "event_id": 42, "cursor": "AAAAAAAAACo", "next_before": None,
+                        "has_more": False,
                         "items": []},
     "Entity": {**PROMPT_EXAMPLE, "id": RESPONSE_ID, "kind": "response", "parent_id": PROMPT_ID,
                "causation_id": JOB_ID, "content": "One queue, many workers, nothing lost."},

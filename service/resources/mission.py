@@ -60,7 +60,7 @@ class MissionPrompts:
         self._max_bytes = settings.page_max_bytes
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        """Answers `{as_of, event_id, items, next_before, has_more}`."""
+        """Answers `{as_of, event_id, cursor, items, next_before, has_more}`."""
         before = parse_cursor(req.get_param("before"), "before")
         limit = parse_limit(req, SNAPSHOT_LIMIT)
         org_wide = parse_org_wide(req.get_param("scope"))
@@ -68,4 +68,5 @@ class MissionPrompts:
             HUB_WAIT_SECONDS), before=before, limit=limit, text_chars=self._text_chars,
             max_bytes=self._max_bytes, org_wide=org_wide)
         after = page["next_before"]
-        resp.media = {**page, "next_before": None if after is None else encode_cursor(after)}
+        resp.media = {**page, "next_before": None if after is None else encode_cursor(after),
+                      "cursor": None if page["event_id"] is None else encode_cursor(page["event_id"])}
