@@ -188,6 +188,21 @@ def test_the_snapshot_pages_prompts_newest_activity_first_and_the_stream_continu
         assert set(result.json) == {"title", "description"}
 
 
+def test_a_page_of_prompts_without_answers_is_cut_by_count_not_by_bytes(
+    feeds: falcon.testing.TestClient, hub: EventHub, pool: ConnectionPool[DictConnection],
+    auth: dict[str, str],
+) -> None:
+    # NOTE: a prompt without an answer once counted as a whole answer's bytes (64 KiB): a page of
+    # queued prompts ended after 16 of them.
+    for n in range(40):
+        submit(feeds, auth, text=f"no answer yet {n}")
+    wait_for(lambda: hub_caught_up(hub, pool))
+    snapshot = feeds.simulate_get(PROMPTS, params={"limit": 40}, headers=auth).json
+    assert (len(snapshot["items"]), snapshot["has_more"]) == (40, False)
+    recent = feeds.simulate_get(RECENT, params={"limit": 40}, headers=auth).json
+    assert len(recent["items"]) == 40
+
+
 def test_a_prompt_with_thousands_of_events_costs_the_snapshot_pages_of_its_own(
     feeds: falcon.testing.TestClient, hub: EventHub, pool: ConnectionPool[DictConnection],
     auth: dict[str, str],

@@ -106,7 +106,8 @@ SELECT o.ord, p.id AS prompt_id, p.parent_id, p.created_at,
   LEFT JOIN sa_entity r ON r.id = latest.response_id
  CROSS JOIN LATERAL (
        SELECT least(octet_length(p.content), 4 * %(text_chars)s)
-              + coalesce(least(octet_length(r.content), 4 * %(text_chars)s), 0) AS size) s
+              -- NOTE: least() skips a NULL, so a job without an answer counts 0, not the cap.
+              + least(coalesce(octet_length(r.content), 0), 4 * %(text_chars)s) AS size) s
  WHERE p.org_id = %(org_id)s
 )
 SELECT i.prompt_id, i.parent_id, t.text, i.created_at, i.job_id, i.state, i.attempt,
