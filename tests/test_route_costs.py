@@ -223,6 +223,58 @@ def test_an_org_past_its_daily_budget_is_refused_and_its_queue_waits(
     assert _job(client, auth, held["job_id"])["state"] == "succeeded"
 
 
+def test_a_keyed_repeat_past_the_budget_is_replayed_and_only_new_work_refused(
+        settings: Settings, pool: ConnectionPool[DictConnection], auth: dict[str, str]) -> None:
+    # NOTE: one call of a few tokens at BACKUP prices costs about USD 0.00005: the first run
+    # spends the budget. The chat hold is short, so its first answer is 409 job_in_progress.
+    budgeted = replace(settings, org_budget_daily=0.00001, openai_max_wait=0.1)
+    client = falcon.testing.TestClient(create_app(budgeted, pool))
+    prompt = {"text": "first", "options": {"model": "m-priced"}}
+    batch = {"prompts": [{"text": "one", "options": {"model": "m-priced"}},
+                         {"text": "two", "options": {"model": "m-priced"}}]}
+    chat = {"model": "m-priced", "messages": [{"role": "user", "content": "hello"}]}
+
+    def post(path: str, key: str, body: dict[str, Any]) -> falcon.testing.Result:
+        return client.simulate_post(path, json=body, headers={**auth, "Idempotency-Key": key})
+
+    first = post(f"{API}/prompt", "k-prompt", prompt)
+    assert first.status_code == 202, first.text
+    first_batch = post(f"{API}/prompts/batch", "k-batch", batch)
+    assert first_batch.status_code == 202, first_batch.text
+    first_chat = post("/openai/v1/chat/completions", "k-chat", chat)
+    assert first_chat.status_code == 409, first_chat.text
+    harness = WorkerHarness(budgeted, pool)
+    try:
+        harness.build().run(once=True)
+    finally:
+        harness.stop_all()
+    assert client.simulate_get(f"{API}/usage", headers=auth).json["exceeded"] == (
+        "SA_ORG_BUDGET_DAILY")
+    jobs = fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"]
+
+    again = post(f"{API}/prompt", "k-prompt", prompt)
+    assert again.status_code == 202, again.text
+    assert again.json == first.json and again.headers["idempotent-replayed"] == "true"
+    assert again.headers["location"] == first.headers["location"]
+    again_batch = post(f"{API}/prompts/batch", "k-batch", batch)
+    assert again_batch.status_code == 202, again_batch.text
+    assert again_batch.json == first_batch.json
+    again_chat = post("/openai/v1/chat/completions", "k-chat", chat)
+    assert again_chat.status_code == 200, again_chat.text
+    assert again_chat.headers["x-sa-job-id"] == first_chat.headers["x-sa-job-id"]
+    assert again_chat.headers["idempotent-replayed"] == "true"
+    # NOTE: the key with another body is still refused as a reused key, not as over budget.
+    reused = post(f"{API}/prompt", "k-prompt", {**prompt, "text": "changed"})
+    assert reused.status_code == 422 and reused.json["title"] == "Idempotency-Key reused"
+
+    for path, body in ((f"{API}/prompt", prompt), (f"{API}/prompts/batch", batch),
+                       ("/openai/v1/chat/completions", chat)):
+        refused = post(path, "a-new-key", body)
+        assert refused.status_code == 429, refused.text
+        assert "SA_ORG_BUDGET_DAILY" in refused.text
+    assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"] == jobs == 4
+
+
 def test_the_budget_reads_are_served_by_the_spend_indexes(
         pool: ConnectionPool[DictConnection]) -> None:
     with pool.connection() as conn:

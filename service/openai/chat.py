@@ -26,7 +26,6 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import Enqueued, enqueue
-from jobqueue.engine.spend import check_budget
 from service.events.hub import EventHub
 from service.openai.errors import OpenAIError, bad_request
 from service.openai.follow import JobFollowers
@@ -120,11 +119,13 @@ class ChatCompletions:
         return slot
 
     def _enqueue(self, caller: Caller, request: ChatRequest, key: str | None) -> Enqueued:
-        check_budget(self._pool, caller.org_id, self._settings.budgets)
+        # NOTE: the budget is checked by the enqueue after the key, so a retry of a request
+        # already queued re-attaches to its job even once the org's budget is spent.
         try:
             return enqueue(self._pool, caller, request.text, priority=_INTERACTIVE_PRIORITY,
                            options=request.options, idempotency_key=key,
-                           max_queued=self._settings.org_max_queued)
+                           max_queued=self._settings.org_max_queued,
+                           budgets=self._settings.budgets)
         except IdempotencyKeyReused as exc:
             raise OpenAIError(409, exc.description, code="idempotency_key_reused") from None
 

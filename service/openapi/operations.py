@@ -108,7 +108,8 @@ def _submits(settings: Settings) -> list[Operation]:
             answers_past_limits={"429": error_answer(
                 "429", "The org's queue is full (SA_ORG_MAX_QUEUED), or the org has spent its "
                        "budget (SA_ORG_BUDGET_DAILY / _MONTHLY: the description says spent, "
-                       "budget and when it resets); nothing was written.", _BUDGET_OR_FULL)}),
+                       "budget and when it resets); nothing was written. A repeat of an accepted "
+                       "`Idempotency-Key` is replayed, never refused.", _BUDGET_OR_FULL)}),
         Operation(
             "post", f"{_API}/prompts/batch", "submitBatch",
             f"Submit 1 to {MAX_BATCH} prompts at once: all or none, 202 at once.",
@@ -131,7 +132,8 @@ def _submits(settings: Settings) -> list[Operation]:
                 "429": error_answer("429", "The batch would take the org past "
                                            "SA_ORG_MAX_QUEUED, or the org has spent its budget "
                                            "(SA_ORG_BUDGET_DAILY / _MONTHLY); nothing was "
-                                           "written.", _BUDGET_OR_FULL)}),
+                                           "written. A repeat of an accepted `Idempotency-Key` "
+                                           "is replayed, never refused.", _BUDGET_OR_FULL)}),
     ]
 
 

@@ -11,7 +11,6 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.engine.enqueue import Enqueued, Submission, enqueue, enqueue_many
-from jobqueue.engine.spend import check_budget
 from service.contract import (
     JOBS_CURSOR,
     JOBS_LIMIT,
@@ -60,21 +59,21 @@ class PromptCollection:
         """Writes the prompt and its queued job; answers 202 with both ids.
 
         With an Idempotency-Key already used for the same request, answers the original ids
-        with `Idempotent-Replayed: true` and writes nothing. With `Prefer: wait=N`, answers 200
-        with the job and its `response_text` if the job ends within N seconds; past the wait
-        caps the submit is still accepted and answered 202 at once, with SA-Wait-Skipped.
+        with `Idempotent-Replayed: true` and writes nothing, even once the org's budget is
+        spent (only new work is refused). With `Prefer: wait=N`, answers 200 with the job and
+        its `response_text` if the job ends within N seconds; past the wait caps the submit is
+        still accepted and answered 202 at once, with SA-Wait-Skipped.
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         wait = parse_prefer_wait(req.get_header(PREFER.name))
         request = parse_prompt(req.get_media(), self._max_chars)
         check_routable([request], self._routes)
-        check_budget(self._pool, req.context.caller.org_id, self._budgets)
         done = enqueue(
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
             run_at=request.run_at, delay_seconds=request.delay_seconds, after=request.after,
-            max_chain_depth=self._max_chain_depth,
+            max_chain_depth=self._max_chain_depth, budgets=self._budgets,
         )
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")
@@ -122,18 +121,17 @@ class PromptBatch:
         """Writes every prompt and its queued job; answers 202 with their ids in input order.
 
         One Idempotency-Key covers the batch: a repeat answers the original ids with
-        `Idempotent-Replayed: true` and writes nothing.
+        `Idempotent-Replayed: true` and writes nothing, past the org's budget too.
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         requests = parse_batch(req.get_media(), self._max_chars)
         check_routable(requests, self._routes, batch=True)
-        check_budget(self._pool, req.context.caller.org_id, self._budgets)
         items = [Submission(text=r.text, parent_id=r.parent_id, priority=r.priority,
                             max_attempts=r.max_attempts, options=r.options, run_at=r.run_at,
                             delay_seconds=r.delay_seconds)
                  for r in requests]
         done = enqueue_many(self._pool, req.context.caller, items, idempotency_key=key,
-                            max_queued=self._max_queued)
+                            max_queued=self._max_queued, budgets=self._budgets)
         resp.status = falcon.HTTP_202
         if done[0].replayed:
             resp.set_header(REPLAYED_HEADER, "true")
