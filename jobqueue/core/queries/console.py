@@ -1,0 +1,164 @@
+"""Statements of the operator console on sa_job: the jobs explorer, bulk counts and bulk changes."""
+
+__all__ = [
+    "CONSOLE_PLAN_SETTINGS",
+    "JOB_CANCEL_MANY_IF_ACTIVE",
+    "JOB_COUNT_FOR_CONSOLE_CAPPED",
+    "JOB_LIST_FOR_CONSOLE_PAGE",
+    "JOB_LIST_IDS_FOR_CONSOLE_PAGE",
+    "JOB_RETRY_MANY_IF_FINISHED",
+    "WORKER_LIST_FROM_CLAIMS",
+]
+
+# The plan settings of the explorer's reads, run just before them in their transaction (as
+# queries/job.py's JOB_PAGE_PLAN_SETTINGS): with sorts and bitmap scans priced out, the plan
+# left walks sa_job_created_idx (created_at, id) (0002_archive.sql) backwards from the cursor and
+# stops after the page. PERF: on statistics that take one org, state or kind for a handful of
+# rows, the planner would otherwise read every row of that org (sa_job_org_user_state_idx) and
+# sort them, which for a large org is the whole of its history for every page. The walk costs
+# the rows it passes over: a filter that matches few of many recent jobs walks far, so the
+# console sends a time range with it (`since`), and the statement timeout bounds it.
+CONSOLE_PLAN_SETTINGS = """
+SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', 'off', true),
+       set_config('jit', 'off', true)
+"""
+
+# NOTE: the console's filter, shared by every statement here so the list, the count and the bulk
+# batches reach the same jobs. NULL means "any". The prompt text is read only for a text
+# search: its entity is probed by sa_entity_pkey (id), one row per job passed over. `model`
+# matches the job's `options.model`, and jobs naming none when it is the default model.
+_FILTER = """
+   AND (%(states)s::text[] IS NULL OR j.state = ANY (%(states)s::text[]))
+   AND (%(org_id)s::bigint IS NULL OR j.org_id = %(org_id)s::bigint)
+   AND (%(model)s::text IS NULL OR j.execution_options->>'model' = %(model)s::text
+        OR (%(default_model)s AND j.execution_options->>'model' IS NULL))
+   AND (%(error_kind)s::text IS NULL OR j.error_kind = %(error_kind)s::text)
+   AND j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
+   AND j.created_at < coalesce(%(until)s::timestamptz, 'infinity')
+   AND (%(text)s::text IS NULL
+        OR j.id::text LIKE %(id_prefix)s::text
+        OR j.error_message ILIKE %(text)s::text
+        OR EXISTS (SELECT 1 FROM sa_entity e
+                    WHERE e.id = j.prompt_id AND e.content ILIKE %(text)s::text))
+"""
+
+# NOTE: the keyset: strictly older than the cursor's (created_at, id); no cursor starts at the
+# newest job. The row comparison is an index condition on sa_job_created_idx.
+_BEFORE = """
+ WHERE (j.created_at, j.id) < (coalesce(%(after_at)s::timestamptz, 'infinity'),
+                               coalesce(%(after_id)s::uuid, 'ffffffff-ffff-ffff-ffff-ffffffffffff'))
+"""
+
+# served by sa_job_created_idx (created_at, id), walked backwards (CONSOLE_PLAN_SETTINGS); each
+# row's prompt by sa_entity_pkey (id). A page of the explorer: `limit` + 1 rows are read so the
+# caller knows whether there is a next page. Texts come cut to 200 characters (the job's detail
+# has them whole).
+JOB_LIST_FOR_CONSOLE_PAGE = (
+    """
+SELECT j.id, j.prompt_id, j.state, j.priority, j.attempt, j.max_attempts, j.worker_claim,
+       j.error_kind, left(j.error_message, 200) AS error_message, j.org_id, j.created_by,
+       j.execution_options->>'model' AS model, j.scheduled_for, j.created_at, j.updated_at,
+       j.finished_at,
+       (SELECT left(e.content, 200) FROM sa_entity e WHERE e.id = j.prompt_id) AS text
+  FROM sa_job j"""
+    + _BEFORE
+    + _FILTER
+    + """
+ ORDER BY j.created_at DESC, j.id DESC
+ LIMIT %(limit)s
+"""
+)
+
+# served by sa_job_created_idx (created_at, id), as JOB_LIST_FOR_CONSOLE_PAGE: a bulk action's
+# next batch, the ids (and keys, for the next cursor) of the jobs the filter reaches.
+JOB_LIST_IDS_FOR_CONSOLE_PAGE = (
+    """
+SELECT j.id, j.created_at
+  FROM sa_job j"""
+    + _BEFORE
+    + _FILTER
+    + """
+ ORDER BY j.created_at DESC, j.id DESC
+ LIMIT %(limit)s
+"""
+)
+
+# served by sa_job_created_idx (created_at, id), as above, read no further than `cap` matches:
+# the count an operator sees before a bulk action (the action reaches at most that many).
+JOB_COUNT_FOR_CONSOLE_CAPPED = (
+    """
+SELECT count(*) AS jobs
+  FROM (SELECT 1
+          FROM sa_job j"""
+    + _BEFORE
+    + _FILTER
+    + """
+         LIMIT %(cap)s) AS capped
+"""
+)
+
+# served by sa_job_pkey (id). JOB_CANCEL_IF_ACTIVE for a batch of ids: each job still queued or
+# running is locked and cancelled (the lock re-reads its state, so a job that finished since
+# it was listed is left alone). Answers each cancelled job, with the worker that held it and
+# whether jobs wait on it (sa_job_waiting_idx), which the engine then settles.
+JOB_CANCEL_MANY_IF_ACTIVE = """
+WITH target AS (
+    SELECT id, worker_claim
+      FROM sa_job
+     WHERE id = ANY (%(ids)s::uuid[]) AND state IN ('queued', 'running')
+       FOR UPDATE
+), cancelled AS (
+    UPDATE sa_job j
+       SET state = 'cancelled', waiting = false, finished_at = now(), error_message = %(reason)s
+      FROM target
+     WHERE j.id = target.id
+    RETURNING j.id, j.prompt_id, j.org_id, j.attempt, target.worker_claim
+)
+SELECT c.*, EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = c.id AND d.waiting) AS dependents
+  FROM cancelled c
+"""
+
+# served by sa_job_pkey (id); `rearm` by sa_job_after_idx (after_job_id). queries/job.py's
+# JOB_RETRY_IF_FINISHED for a batch of ids: each job still finished (and never superseded) is
+# locked, superseded, and a new queued job for its prompt inserted with its settings. Answers
+# each pair, and whether jobs were submitted after the old one (`rearm`: the engine re-arms the
+# chain its end cancelled, in the same transaction).
+JOB_RETRY_MANY_IF_FINISHED = """
+WITH old AS (
+    SELECT id, prompt_id, state, priority, max_attempts, execution_options, org_id, created_by
+      FROM sa_job
+     WHERE id = ANY (%(ids)s::uuid[]) AND state IN ('succeeded', 'failed', 'cancelled')
+       FOR UPDATE
+), superseded AS (
+    UPDATE sa_job j
+       SET state = 'superseded'
+      FROM old
+     WHERE j.id = old.id
+    RETURNING j.id
+), fresh AS (
+    INSERT INTO sa_job (id, prompt_id, priority, max_attempts, execution_options, org_id,
+                        created_by, supersedes)
+    SELECT gen_random_uuid(), old.prompt_id, old.priority, old.max_attempts,
+           old.execution_options, old.org_id, old.created_by, old.id
+      FROM old JOIN superseded USING (id)
+    RETURNING id, supersedes
+)
+SELECT old.id AS old_id, old.state AS old_state, old.prompt_id, old.org_id, fresh.id AS job_id,
+       EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = old.id) AS rearm
+  FROM fresh JOIN old ON old.id = fresh.supersedes
+"""
+
+# served by sa_job_worker_claim_idx (worker_claim) WHERE state = 'running' (0001_core_schema.sql):
+# only running jobs are read. The workers as their running jobs show them: a claim is
+# `host:pid:random` (jobqueue/runtime/worker.py), its jobs the slots in use, its newest
+# heartbeat the last sign of life. NOTE: no table records workers, so an idle worker holds no
+# claim and is not listed.
+WORKER_LIST_FROM_CLAIMS = """
+SELECT worker_claim AS worker_id, split_part(worker_claim, ':', 1) AS host,
+       count(*) AS slots_in_use, max(running_heartbeat_at) AS last_heartbeat,
+       min(claimed_at) AS oldest_claim, array_agg(DISTINCT org_id ORDER BY org_id) AS orgs
+  FROM sa_job
+ WHERE state = 'running'
+ GROUP BY worker_claim
+ ORDER BY worker_claim
+"""
