@@ -97,24 +97,26 @@ SELECT count(*) AS jobs
 """
 )
 
+# NOTE: the guards are written `state IS NOT DISTINCT FROM`, and whether jobs wait on a job as a
+# scalar subquery, not EXISTS (which the planner may run as one hashed read of every waiting
+# job), so that sa_job_pkey and one probe per job are the only paths (queries/job.py's PERF note).
+
 # served by sa_job_pkey (id). JOB_CANCEL_IF_ACTIVE for a batch of ids: each job still queued or
-# running is locked and cancelled (the lock re-reads its state, so a job that finished since
-# it was listed is left alone). Answers each cancelled job, with the worker that held it and
-# whether jobs wait on it (sa_job_waiting_idx), which the engine then settles.
+# running is cancelled (the UPDATE re-reads a row it waited for, so a job that finished since it
+# was listed is left alone). A cancel keeps worker_claim: a job answered with one was running.
+# Answers each cancelled job, and whether jobs wait on it (sa_job_waiting_idx), which the engine
+# then settles.
 JOB_CANCEL_MANY_IF_ACTIVE = """
-WITH target AS (
-    SELECT id, worker_claim
-      FROM sa_job
-     WHERE id = ANY (%(ids)s::uuid[]) AND state IN ('queued', 'running')
-       FOR UPDATE
-), cancelled AS (
-    UPDATE sa_job j
+WITH cancelled AS (
+    UPDATE sa_job
        SET state = 'cancelled', waiting = false, finished_at = now(), error_message = %(reason)s
-      FROM target
-     WHERE j.id = target.id
-    RETURNING j.id, j.prompt_id, j.org_id, j.attempt, target.worker_claim
+     WHERE id = ANY (%(ids)s::uuid[])
+       AND (state IS NOT DISTINCT FROM 'queued' OR state IS NOT DISTINCT FROM 'running')
+    RETURNING id, prompt_id, org_id, attempt, worker_claim
 )
-SELECT c.*, EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = c.id AND d.waiting) AS dependents
+SELECT c.*,
+       coalesce((SELECT true FROM sa_job d WHERE d.after_job_id = c.id AND d.waiting LIMIT 1),
+                false) AS dependents
   FROM cancelled c
 """
 
@@ -127,7 +129,9 @@ JOB_RETRY_MANY_IF_FINISHED = """
 WITH old AS (
     SELECT id, prompt_id, state, priority, max_attempts, execution_options, org_id, created_by
       FROM sa_job
-     WHERE id = ANY (%(ids)s::uuid[]) AND state IN ('succeeded', 'failed', 'cancelled')
+     WHERE id = ANY (%(ids)s::uuid[])
+       AND (state IS NOT DISTINCT FROM 'succeeded' OR state IS NOT DISTINCT FROM 'failed'
+            OR state IS NOT DISTINCT FROM 'cancelled')
        FOR UPDATE
 ), superseded AS (
     UPDATE sa_job j
@@ -144,7 +148,7 @@ WITH old AS (
     RETURNING id, supersedes
 )
 SELECT old.id AS old_id, old.state AS old_state, old.prompt_id, old.org_id, fresh.id AS job_id,
-       EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = old.id) AS rearm
+       coalesce((SELECT true FROM sa_job d WHERE d.after_job_id = old.id LIMIT 1), false) AS rearm
   FROM fresh JOIN old ON old.id = fresh.supersedes
 """
 
