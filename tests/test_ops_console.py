@@ -4,8 +4,9 @@ the read-only `ops:read` scope, and the bounds docs/limits.md lists."""
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -208,11 +209,15 @@ def test_routes_pause_and_resume_for_every_worker_and_the_workers_are_listed(
 
 
 def test_an_ops_read_token_sees_everything_and_changes_nothing(
-    web: str, pool: ConnectionPool[DictConnection],
+    web: str, pool: ConnectionPool[DictConnection], cli: Callable[[list[str]], int],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     org2 = bearer(create_token(pool, 2, 20))
     job = submit(web, org2, "stays", delay_seconds=3600)["job_id"]
-    reader = bearer(issue_token(pool, 9, 91, scopes=("ops:read",)).token)
+    assert cli(["create-token", "--org", "9", "--user", "91", "--scope", "ops:read", "--json"]) == 0
+    issued = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert issued["scopes"] == ["ops:read"]
+    reader = bearer(issued["token"])
     for path in ("/overview", "/jobs", "/jobs/count", f"/jobs/{job}", "/actions", "/routes",
                  "/workers"):
         assert httpx.get(f"{web}{OPS}{path}", headers=reader).status_code == 200, path
