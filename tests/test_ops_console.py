@@ -104,6 +104,13 @@ def test_the_explorer_filters_across_orgs_pages_by_keyset_and_links_to_a_jobs_hi
         (1, 503, "provider_5xx"), (2, 503, "provider_5xx")], "every attempt's error"
     assert history["job"]["org_id"] == 3
 
+    minutes = get(web, operator, "/charts")["minutes"]
+    assert 60 <= len(minutes) <= 62 and minutes == sorted(minutes, key=lambda m: m["minute"])
+    assert sum(m["enqueued"] for m in minutes) == 8 and sum(m["failed"] for m in minutes) == 2
+    assert sum(m["succeeded"] for m in minutes) == 0
+    measured = [m for m in minutes if m["run_p95"] is not None]
+    assert measured and all(m["run_p50"] <= m["run_p95"] for m in measured)
+
 
 @pytest.mark.parametrize("params", [
     {"state": "bogus"}, {"state": "queued,"}, {"org": "-1"}, {"error_kind": "oops"},

@@ -112,6 +112,8 @@ def test_filter_open_a_history_bulk_cancel_after_the_count_and_find_it_in_the_lo
                        json={"text": f"later {i}", "delay_seconds": 3600}).json()["job_id"]
             for i in range(3)]
     sign_in(page, web, issue_token(ops_pool, 9, 90, scopes=("ops",)).token)
+    # NOTE: the charts are the page's own SVG: this minute's enqueued jobs draw a line.
+    until(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-jobs svg polyline.s0"))
 
     page.find_element(By.ID, "f-org").send_keys(str(org))
     page.find_element(By.ID, "f-apply").click()

@@ -166,6 +166,8 @@ HOT_PATH = [
                  {"ids": _IDS, "reason": "r"}),
     HotStatement("console_retry_many", console_q.JOB_RETRY_MANY_IF_FINISHED, {"ids": _IDS}),
     HotStatement("console_workers", console_q.WORKER_LIST_FROM_CLAIMS, {}, reads_backlog=True),
+    HotStatement("console_charts", console_q.JOB_EVENT_PER_MINUTE_SINCE,
+                 {"since": datetime.now(UTC)}),
 ]
 
 

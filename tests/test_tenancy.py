@@ -163,6 +163,8 @@ CASES = [
          f"{P}/ops/routes/resume", 403, 403, body={"route": "default"}),
     Case("read the workers without the ops scope", "GET", f"{P}/ops/workers", f"{P}/ops/workers",
          403, 403),
+    Case("read the charts without the ops scope", "GET", f"{P}/ops/charts", f"{P}/ops/charts",
+         403, 403),
 ]
 
 # NOTE: the event stream never ends, so it is proven where streams are read concurrently:

@@ -23,7 +23,7 @@ from jobqueue.core.routes import Routes
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.bulk import log_action
 
-__all__ = ["JobPage", "action_log", "count_jobs", "explore_jobs", "pause_route", "resume_route",
+__all__ = ["JobPage", "action_log", "charts", "count_jobs", "explore_jobs", "pause_route", "resume_route",
            "route_states", "workers"]
 
 Row = dict[str, Any]
@@ -158,3 +158,9 @@ def workers(pool: ConnectionPool[DictConnection]) -> list[Row]:
     with pool.connection() as conn:
         return conn.execute(q.WORKER_LIST_FROM_CLAIMS).fetchall()
 
+
+
+def charts(pool: ConnectionPool[DictConnection], since: datetime) -> list[Row]:
+    """Per minute since `since`: jobs enqueued, succeeded and failed, and wait and run p50/p95."""
+    with pool.connection() as conn:
+        return conn.execute(q.JOB_EVENT_PER_MINUTE_SINCE, {"since": since}).fetchall()

@@ -96,6 +96,14 @@ def _reads() -> list[Operation]:
                        "slots_in_use": 2, "last_heartbeat": AT, "oldest_claim": AT,
                        "orgs": [2]}]})},
                   description=f"An idle worker holds no job and is not listed. {_READ}"),
+        Operation("get", f"{_OPS}/charts", "opsCharts",
+                  "The last hour, a point per minute: jobs enqueued, succeeded and failed; wait "
+                  "and run p50 and p95.",
+                  {"200": Answer("The points, oldest first.", _object(["as_of", "minutes"]), {
+                      "as_of": AT, "minutes": [
+                          {"minute": AT, "enqueued": 12, "succeeded": 10, "failed": 1,
+                           "wait_p50": 0.4, "wait_p95": 1.2, "run_p50": 2.5, "run_p95": 7.9}]})},
+                  description=f"Seconds are null in a minute that measured none. {_READ}"),
     ]
 
 

@@ -9,6 +9,7 @@ jobqueue/engine/bulk.py's.
 from __future__ import annotations
 
 import uuid
+from datetime import UTC, datetime, timedelta
 
 import falcon
 from psycopg_pool import ConnectionPool
@@ -32,10 +33,13 @@ from service.ops_contract import (
 )
 from service.parsers import encode_jobs_cursor
 
-__all__ = ["OpsActions", "OpsBulk", "OpsJob", "OpsJobCount", "OpsJobs", "OpsRouteAction",
-           "OpsRoutes", "OpsWorkers"]
+__all__ = ["CHART_WINDOW", "OpsActions", "OpsBulk", "OpsCharts", "OpsJob", "OpsJobCount", "OpsJobs",
+           "OpsRouteAction", "OpsRoutes", "OpsWorkers"]
 
 _NOT_SENT = object()
+
+CHART_WINDOW = timedelta(hours=1)
+"""The span of the console's charts, a minute per point."""
 
 
 class OpsJobs:
@@ -183,3 +187,16 @@ class OpsWorkers:
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Answers `{items}`: worker_id, host, slots_in_use, last_heartbeat, oldest_claim, orgs."""
         resp.media = {"items": console.workers(self._pool)}
+
+
+class OpsCharts:
+    """GET /ops/charts: the last hour, a point per minute, for the console's charts."""
+
+    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+        self._pool = pool
+
+    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+        """Answers `{as_of, minutes: [{minute, enqueued, succeeded, failed, wait_p50, wait_p95,
+        run_p50, run_p95}]}` (the seconds null in a minute that measured none)."""
+        now = datetime.now(UTC)
+        resp.media = {"as_of": now, "minutes": console.charts(self._pool, now - CHART_WINDOW)}

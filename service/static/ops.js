@@ -5,12 +5,15 @@
 // The panels refresh every REFRESH_MS, and at once after an action.
 import { $, announce, api, el, setConnection, setupSession } from "./api.js";
 import { setupJobs, showJobFromHash } from "./ops_jobs.js";
+import { renderCharts } from "./ops_charts.js";
 import { renderAudit, renderRoutes, renderWorkers } from "./ops_panels.js";
 import { jobLink, seconds, table } from "./ops_table.js";
 
 const REFRESH_MS = 3000;
+const CHARTS_EVERY = 5;   // refreshes: the charts are redrawn every 15 s (a minute per point)
 const STATES = ["queued", "running", "succeeded", "failed", "cancelled", "superseded"];
 let timer = null;
+let refreshes = 0;
 
 function action(label, job, path) {
   return el("button", { type: "button", class: "quiet act", "data-job-id": job.id,
@@ -74,6 +77,7 @@ async function refresh() {
     renderRoutes(routes.items, refresh);
     renderWorkers(workers.items);
     renderAudit(audit.items);
+    if (refreshes++ % CHARTS_EVERY === 0) renderCharts((await api("GET", "/ops/charts")).minutes);
     $("app").hidden = false;
     setConnection("live", true);
     $("conn").textContent = `Refreshed ${new Date().toLocaleTimeString()} (every ${REFRESH_MS / 1000} s)`;

@@ -15,6 +15,7 @@ let cursor = null;                      // this page's cursor (null: the newest)
 let selected = new Set();
 let counted = null;                     // the last count of the applied filter
 let changed = () => {};
+let loads = 0;                          // NOTE: only the latest load may draw (an earlier one may answer last)
 
 function readFilter() {
   const params = new URLSearchParams();
@@ -53,8 +54,10 @@ export async function loadJobs() {
   $("jobs-error").textContent = "";
   const params = new URLSearchParams(applied);
   if (cursor) params.set("cursor", cursor);
+  const mine = ++loads;
   try {
     const page = await api("GET", `/ops/jobs?${params}`);
+    if (mine !== loads) return;
     table("jobs", ["", "job", "state", "org", "model", "kind", "attempts", "created", "text"],
       page.items.map((j) => [pick(j), jobLink(j.id), j.state, j.org_id, j.model || "default",
         j.error_kind || "–", `${j.attempt}/${j.max_attempts}`, when(j.created_at), j.text || ""]));

@@ -4,6 +4,7 @@ __all__ = [
     "CONSOLE_PLAN_SETTINGS",
     "JOB_CANCEL_MANY_IF_ACTIVE",
     "JOB_COUNT_FOR_CONSOLE_CAPPED",
+    "JOB_EVENT_PER_MINUTE_SINCE",
     "JOB_LIST_FOR_CONSOLE_PAGE",
     "JOB_LIST_IDS_FOR_CONSOLE_PAGE",
     "JOB_RETRY_MANY_IF_FINISHED",
@@ -165,4 +166,65 @@ SELECT worker_claim AS worker_id, split_part(worker_claim, ':', 1) AS host,
  WHERE state = 'running'
  GROUP BY worker_claim
  ORDER BY worker_claim
+"""
+
+# The console's charts: per minute since `since` (an hour), jobs enqueued (creation events),
+# succeeded and failed, and the p50 and p95 of the waits (creation to first claim) and runs
+# (claim to the attempt's end) measured in that minute. The window of the event log is served by
+# sa_job_event_at_brin (at) (0002_archive.sql), each measured event's predecessor by
+# sa_job_event_job_idx (job_id, id). NOTE: `paired` and its filter are sa_job_measured's
+# (jobqueue/sql/functions/sa_job_measured.sql), which does not return when a measure was taken;
+# the two must say the same.
+JOB_EVENT_PER_MINUTE_SINCE = """
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', %(since)s::timestamptz), date_trunc('minute', now()),
+                           interval '1 minute') AS minute
+), window_events AS (
+    SELECT e.id, e.job_id, e.from_state, e.to_state, e.attempt, e.at
+      FROM sa_job_event e
+     WHERE e.at >= %(since)s::timestamptz
+), counts AS (
+    SELECT date_trunc('minute', at) AS minute,
+           count(*) FILTER (WHERE from_state IS NULL) AS enqueued,
+           count(*) FILTER (WHERE to_state = 'succeeded') AS succeeded,
+           count(*) FILTER (WHERE to_state = 'failed') AS failed
+      FROM window_events
+     GROUP BY 1
+), paired AS (
+    SELECT r.at, r.from_state, r.to_state, r.attempt, prev.at AS prev_at,
+           prev.from_state AS prev_from_state, prev.attempt AS prev_attempt
+      FROM window_events r
+     CROSS JOIN LATERAL (
+           SELECT p.at, p.from_state, p.attempt
+             FROM sa_job_event p
+            WHERE p.job_id = r.job_id AND p.id < r.id
+            ORDER BY p.id DESC
+            LIMIT 1) prev
+     WHERE (r.from_state = 'queued' AND r.to_state = 'running') OR r.from_state = 'running'
+), measured AS (
+    SELECT date_trunc('minute', at) AS minute,
+           CASE WHEN from_state = 'queued' THEN 'wait' ELSE 'run' END AS measure,
+           extract(epoch FROM at - prev_at)::float8 AS seconds
+      FROM paired
+     WHERE (from_state = 'queued' AND prev_from_state IS NULL)
+        OR (from_state = 'running' AND NOT (to_state = 'queued' AND attempt = prev_attempt))
+), latency AS (
+    SELECT minute,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY seconds) FILTER (WHERE measure = 'wait')
+               AS wait_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY seconds) FILTER (WHERE measure = 'wait')
+               AS wait_p95,
+           percentile_cont(0.5) WITHIN GROUP (ORDER BY seconds) FILTER (WHERE measure = 'run')
+               AS run_p50,
+           percentile_cont(0.95) WITHIN GROUP (ORDER BY seconds) FILTER (WHERE measure = 'run')
+               AS run_p95
+      FROM measured
+     GROUP BY minute
+)
+SELECT m.minute, coalesce(c.enqueued, 0) AS enqueued, coalesce(c.succeeded, 0) AS succeeded,
+       coalesce(c.failed, 0) AS failed, l.wait_p50, l.wait_p95, l.run_p50, l.run_p95
+  FROM minutes m
+  LEFT JOIN counts c USING (minute)
+  LEFT JOIN latency l USING (minute)
+ ORDER BY m.minute
 """
