@@ -37,7 +37,13 @@ function chart(id, title, minutes, series, format) {
     // NOTE: a minute that measured nothing breaks the line instead of drawing a zero.
     let points = [];
     const flush = () => {
-      if (points.length) image.append(svg("polyline", { class: `s${index}`, points: points.join(" ") }));
+      if (points.length === 1) {
+        // NOTE: a lone minute is a dot: a line through one point draws nothing.
+        const [cx, cy] = points[0].split(",");
+        image.append(svg("circle", { class: `s${index} dot`, cx, cy, r: 1.8 }));
+      } else if (points.length) {
+        image.append(svg("polyline", { class: `s${index}`, points: points.join(" ") }));
+      }
       points = [];
     };
     minutes.forEach((m, i) => {

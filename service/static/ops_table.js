@@ -3,6 +3,7 @@ import { $, el } from "./api.js";
 
 export function seconds(value) {
   if (value === null || value === undefined) return "–";
+  if (value < 1) return `${Math.round(value * 1000)} ms`;
   if (value < 60) return `${value.toFixed(1)} s`;
   if (value < 3600) return `${(value / 60).toFixed(1)} min`;
   return `${(value / 3600).toFixed(1)} h`;
