@@ -13,8 +13,9 @@ from typing import Any
 
 import falcon
 
-from jobqueue.core.console import JobFilter
+from jobqueue.core.console import JobFilter, route_models
 from jobqueue.core.policy import ErrorKind
+from jobqueue.core.routes import Routes
 from jobqueue.core.states import JobState
 from service.contract import JOBS_CURSOR_PATTERN
 from service.parsers import parse_jobs_cursor, parse_since
@@ -53,6 +54,10 @@ MODEL = Param("model", "query", {"type": "string", "minLength": 1, "maxLength": 
                                  "pattern": TEXT_PATTERN},
               "Only jobs for this model (`options.model`; the default model takes in the jobs "
               "that name none).", "fake-model")
+ROUTE = Param("route", "query", {"type": "string", "minLength": 1, "maxLength": OPS_TEXT_MAX,
+                                 "pattern": TEXT_PATTERN},
+              "Only jobs whose model this route serves (GET /ops/routes); not with `model`.",
+              "default")
 ERROR_KIND = Param("error_kind", "query", {"type": "string", "enum": list(_KINDS)},
                    "Only jobs whose latest attempt failed with this kind.", "provider_4xx")
 SINCE = Param("since", "query", {"type": "string", "pattern": SINCE_PATTERN},
@@ -65,7 +70,7 @@ TEXT = Param("q", "query", {"type": "string", "minLength": 1, "maxLength": OPS_T
                             "pattern": TEXT_PATTERN},
              "Only jobs whose prompt text or error message holds this (case-insensitive), or "
              "whose id starts with it.", "timeout")
-OPS_FILTER_PARAMS = (STATE, ORG, MODEL, ERROR_KIND, SINCE, UNTIL, TEXT)
+OPS_FILTER_PARAMS = (STATE, ORG, MODEL, ROUTE, ERROR_KIND, SINCE, UNTIL, TEXT)
 """The explorer's filter; the count and the bulk actions by filter take the same."""
 
 PAGE_CURSOR = Param("cursor", "query", {"type": "string", "pattern": JOBS_CURSOR_PATTERN},
@@ -112,11 +117,12 @@ def _instant(req: falcon.Request, param: Param) -> datetime | None:
         raise falcon.HTTPInvalidParam("must be an ISO 8601 timestamp", param.name) from None
 
 
-def parse_filter(req: falcon.Request, default_model: str) -> JobFilter:
+def parse_filter(req: falcon.Request, routes: Routes) -> JobFilter:
     """Reads the explorer's filter from the query.
 
     Raises:
-        falcon.HTTPInvalidParam: a parameter outside its declaration (400 naming it).
+        falcon.HTTPInvalidParam: a parameter outside its declaration, both `model` and
+            `route`, or a route not configured (400 naming it).
     """
     states = req.get_param(STATE.name)
     if states is not None and not _STATE_RE.fullmatch(states):
@@ -129,9 +135,20 @@ def parse_filter(req: falcon.Request, default_model: str) -> JobFilter:
     since, until = _instant(req, SINCE), _instant(req, UNTIL)
     if since is not None and until is not None and until <= since:
         raise falcon.HTTPInvalidParam("must be later than `since`", UNTIL.name)
-    model = _text(req, MODEL)
+    model, route_name = _text(req, MODEL), _text(req, ROUTE)
+    models: tuple[str, ...] = (model,) if model is not None else ()
+    other_models: tuple[str, ...] = ()
+    if route_name is not None:
+        if model is not None:
+            raise falcon.HTTPInvalidParam("cannot be given with `model`", ROUTE.name)
+        route = next((r for r in routes.routes if r.name == route_name), None)
+        if route is None:
+            raise falcon.HTTPInvalidParam("must be a configured route (GET /ops/routes)",
+                                          ROUTE.name)
+        models, other_models = route_models(route, routes)
     return JobFilter(states=tuple(dict.fromkeys(states.split(","))) if states else (),
-                     org_id=org, model=model, default_model=model == default_model,
+                     org_id=org, models=models, other_models=other_models,
+                     default_model=routes.default_model, model=model, route=route_name,
                      error_kind=kind, since=since, until=until, text=_text(req, TEXT))
 
 

@@ -83,6 +83,8 @@ def test_the_explorer_filters_across_orgs_pages_by_keyset_and_links_to_a_jobs_hi
     assert [j["id"] for j in get(web, operator, "/jobs", q=failed["job_id"][:8])["items"]] == [
         failed["job_id"]]
     assert len(get(web, operator, "/jobs", model="fake-model")["items"]) == 8, "default model"
+    assert get(web, operator, "/jobs", model="other-model")["items"] == []
+    assert len(get(web, operator, "/jobs", route="default")["items"]) == 8, "`*` serves them all"
     assert get(web, operator, "/jobs", q="50%_off")["items"] == [], "wildcards taken literally"
     assert get(web, operator, "/jobs", since="2999-01-01")["items"] == []
 
@@ -116,7 +118,8 @@ def test_the_explorer_filters_across_orgs_pages_by_keyset_and_links_to_a_jobs_hi
     {"state": "bogus"}, {"state": "queued,"}, {"org": "-1"}, {"error_kind": "oops"},
     {"since": "yesterday"}, {"since": "2026-12-02", "until": "2026-12-01"},
     {"limit": "0"}, {"limit": str(OPS_PAGE_MAX + 1)}, {"cursor": "nope"}, {"q": " "},
-    {"q": "x" * 201}, {"model": "\u0000"}, {"colour": "red"},
+    {"q": "x" * 201}, {"model": "\u0000"}, {"colour": "red"}, {"route": "nope"},
+    {"route": "default", "model": "fake-model"},
 ])
 def test_a_bad_filter_is_a_400_naming_it(web: str, operator: dict[str, str],
                                           params: dict[str, str]) -> None:

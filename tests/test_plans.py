@@ -80,8 +80,8 @@ _CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DE
 
 _NO_CURSOR = {"after_at": None, "after_id": None}
 # NOTE: the operator console's filter, every part given (the text search probes the prompts).
-_CONSOLE_FILTER = {**JobFilter(states=("queued", "failed"), org_id=1, model="m",
-                               default_model=True, error_kind="timeout",
+_CONSOLE_FILTER = {**JobFilter(states=("queued", "failed"), org_id=1, models=("m",),
+                               other_models=("n",), default_model="m", error_kind="timeout",
                                since=datetime(2026, 1, 1, tzinfo=UTC), text="needle").params(),
                    "after_at": datetime.now(UTC), "after_id": uuid.uuid4()}
 

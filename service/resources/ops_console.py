@@ -47,11 +47,11 @@ class OpsJobs:
 
     def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings) -> None:
         self._pool = pool
-        self._default_model = settings.routes.default_model
+        self._routes = settings.routes
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Answers `{items, next_cursor}`; `next_cursor` is null on the last page."""
-        job_filter = parse_filter(req, self._default_model)
+        job_filter = parse_filter(req, self._routes)
         page = console.explore_jobs(self._pool, job_filter, after=parse_cursor(req),
                                     limit=parse_page_limit(req))
         resp.media = {"items": page.items,
@@ -64,11 +64,11 @@ class OpsJobCount:
 
     def __init__(self, pool: ConnectionPool[DictConnection], settings: Settings) -> None:
         self._pool = pool
-        self._default_model = settings.routes.default_model
+        self._routes = settings.routes
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Answers `{jobs, cancellable, retryable, max}`, each count read up to `max` + 1."""
-        job_filter = parse_filter(req, self._default_model)
+        job_filter = parse_filter(req, self._routes)
         cap = OPS_BULK_MAX + 1
         resp.media = {
             "jobs": console.count_jobs(self._pool, job_filter, cap),
@@ -109,7 +109,7 @@ class OpsBulk:
         # (wsgiref says text/plain).
         body = req.get_media(default_when_empty=_NOT_SENT) if req.content_length else _NOT_SENT
         ids = parse_bulk_ids(None if body is _NOT_SENT else body)
-        job_filter = parse_filter(req, self._settings.routes.default_model)
+        job_filter = parse_filter(req, self._settings.routes)
         max_jobs = parse_max_jobs(req)
         if ids and (max_jobs is not None or req.params):
             raise falcon.HTTPUnprocessableEntity(

@@ -6,7 +6,8 @@ import { jobLink, table, when } from "./ops_table.js";
 
 const KINDS = ["timeout", "rate_limit", "provider_5xx", "provider_4xx", "parse", "auth", "worker_crash",
   "stuck", "unknown", "invalid_options", "dependency_failed"];
-const FIELDS = { state: "f-state", org: "f-org", model: "f-model", error_kind: "f-kind", since: "f-since",
+const FIELDS = { state: "f-state", org: "f-org", model: "f-model", route: "f-route", error_kind: "f-kind",
+  since: "f-since",
   until: "f-until", q: "f-q" };
 
 let applied = new URLSearchParams();   // the filter the table shows

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from jobqueue.core.console import BulkAction, JobFilter, like_pattern
+from jobqueue.core.console import BulkAction, JobFilter, like_pattern, route_models
+from jobqueue.core.routes import Route, Routes
 
 
 def test_a_text_search_takes_like_wildcards_literally() -> None:
@@ -24,3 +25,11 @@ def test_a_bulk_action_reaches_only_the_states_it_can_change() -> None:
 
 def test_the_log_keeps_only_what_the_filter_gave() -> None:
     assert JobFilter(states=("queued",), org_id=7).as_dict() == {"states": ["queued"], "org_id": 7}
+
+
+def test_a_route_filter_reaches_the_models_the_route_serves() -> None:
+    named = Route("azure", "http://a/v1", models=("gpt-x", "gpt-y"))
+    rest = Route("default", "http://d/v1", models=("*", "fake-model"))
+    routes = Routes((named, rest), default_model="fake-model")
+    assert route_models(named, routes) == (("gpt-x", "gpt-y"), ())
+    assert route_models(rest, routes) == ((), ("gpt-x", "gpt-y")), "every model but the others'"

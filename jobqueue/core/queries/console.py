@@ -26,13 +26,18 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 
 # NOTE: the console's filter, shared by every statement here so the list, the count and the bulk
 # batches reach the same jobs. NULL means "any". The prompt text is read only for a text
-# search: its entity is probed by sa_entity_pkey (id), one row per job passed over. `model`
-# matches the job's `options.model`, and jobs naming none when it is the default model.
+# search: its entity is probed by sa_entity_pkey (id), one row per job passed over. A job's
+# model is its `options.model`, else the default model; `other_models` (a `*` route's filter)
+# keeps the jobs whose model is none of them (an empty list keeps every job).
 _FILTER = """
    AND (%(states)s::text[] IS NULL OR j.state = ANY (%(states)s::text[]))
    AND (%(org_id)s::bigint IS NULL OR j.org_id = %(org_id)s::bigint)
-   AND (%(model)s::text IS NULL OR j.execution_options->>'model' = %(model)s::text
-        OR (%(default_model)s AND j.execution_options->>'model' IS NULL))
+   AND (%(models)s::text[] IS NULL
+        OR coalesce(j.execution_options->>'model', %(default_model)s::text)
+           = ANY (%(models)s::text[]))
+   AND (%(other_models)s::text[] IS NULL
+        OR coalesce(j.execution_options->>'model', %(default_model)s::text)
+           <> ALL (%(other_models)s::text[]))
    AND (%(error_kind)s::text IS NULL OR j.error_kind = %(error_kind)s::text)
    AND j.created_at >= coalesce(%(since)s::timestamptz, '-infinity')
    AND j.created_at < coalesce(%(until)s::timestamptz, 'infinity')
