@@ -56,6 +56,7 @@ from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
 from service.resources.responses import ResponseItem
 from service.resources.session import Session
+from service.resources.usage import OrgUsage
 from service.serialize import json_handler, serialize_error
 from service.waits import Waits
 
@@ -217,13 +218,14 @@ def create_app(
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
     app.add_route(f"{API_PREFIX}/responses/{{response_id:uuid}}", ResponseItem(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry",
-                  PromptRetry(pool, settings.org_max_queued))
+                  PromptRetry(pool, settings.org_max_queued, settings.budgets))
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub, settings))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
                                 replay_limit=settings.sse_replay_limit,
                                 page_bytes=settings.page_max_bytes))
     app.add_route(f"{API_PREFIX}/session", Session(pool, settings.sessions_per_token))
+    app.add_route(f"{API_PREFIX}/usage", OrgUsage(pool, settings))
     app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))

@@ -38,6 +38,8 @@ from jobqueue.core.queries import route as route_q
 from jobqueue.engine.claim import DEFAULT_DEPTH
 from tests.helpers import plan_tree
 
+pytestmark = pytest.mark.usefixtures("truncated_tables")
+
 BACKLOG = 100_000
 HISTORY = 2_000
 RUNNING = 200
@@ -69,14 +71,15 @@ _FINALIZE = {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3,
              "http_status": [200, 503, 400], "response_id": [uuid.uuid4(), None, None],
              "content": ["a", None, None], "error_kind": [None, "provider_5xx", "provider_4xx"],
              "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None],
-             "spend_attempt": [True, True, True]}
+             "spend_attempt": [True, True, True], "route": ["r"] * 3, "cost": [0.001, None, None],
+             "next_route": [None, "r2", None]}
 _ENQUEUE = {"parent_id": None, "org_id": 1, "user_id": 1, "text": "t", "priority": 50,
             "max_attempts": 3, "options": "{}", "max_queued": 0, "idempotency_key": "k",
             "request_hash": "h", "key_ttl": 86400, "run_at": None, "delay_seconds": None,
             "after": None, "max_chain_depth": 1000,
             "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4()}
 _CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4,
-          "aging": 300.0}
+          "aging": 300.0, "held_orgs": [7]}
 
 _NO_CURSOR = {"after_at": None, "after_id": None}
 # NOTE: the operator console's filter, every part given (the text search probes the prompts).

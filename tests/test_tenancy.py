@@ -89,6 +89,12 @@ def _is_caller(org_id: int, user_id: int) -> Check:
     return check
 
 
+def _spend_of(org_id: int) -> Check:
+    def check(result: falcon.testing.Result, w: World) -> None:
+        assert result.json["org_id"] == org_id
+    return check
+
+
 @dataclass(frozen=True)
 class Case:
     """One scoped route: what a stranger (org 2) and a teammate (org 1, user 11) get."""
@@ -136,6 +142,8 @@ CASES = [
          200, 200, stranger_check=_sees_no_items, teammate_check=_sees_items),
     Case("see who I am", "GET", f"{P}/session", f"{P}/session", 200, 200,
          stranger_check=_is_caller(2, 20), teammate_check=_is_caller(1, 11)),
+    Case("see my org's spend and budgets", "GET", f"{P}/usage", f"{P}/usage", 200, 200,
+         stranger_check=_spend_of(2), teammate_check=_spend_of(1)),
     Case("read the operator view without the ops scope", "GET", f"{P}/ops/overview",
          f"{P}/ops/overview", 403, 403),
     Case("cancel as an operator without the ops scope", "POST",

@@ -20,11 +20,13 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.chat import ChatInvalid, ChatRequest, parse_chat
 from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import IdempotencyKeyReused
+from jobqueue.core.fallback import named_serving, serves
 from jobqueue.core.openai_wire import Body, chat_completion, job_answer, job_failure
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.core.tokens import Caller
 from jobqueue.engine.enqueue import Enqueued, enqueue
+from jobqueue.engine.spend import check_budget
 from service.events.hub import EventHub
 from service.openai.errors import OpenAIError, bad_request
 from service.openai.follow import JobFollowers
@@ -80,6 +82,12 @@ class ChatCompletions:
             raise OpenAIError(404, f"The model `{request.model}` does not exist or no route "
                               f"serves it (known: {', '.join(self._routes.known_models)}).",
                               code="model_not_found", param="model")
+        prefer = request.options.get("prefer_provider")
+        if self._routes and prefer is not None and named_serving(
+                self._routes, prefer, request.model) is None:
+            serving = [r.name for r in self._routes.routes if serves(r, request.model)]
+            raise bad_request(f"No route `{prefer}` serves the model `{request.model}` (known "
+                              f"routes serving it: {', '.join(serving)}).", "prefer_provider")
         caller: Caller = req.context.caller
         slot = self._admit(caller, req.context.token_digest)
         try:
@@ -112,6 +120,7 @@ class ChatCompletions:
         return slot
 
     def _enqueue(self, caller: Caller, request: ChatRequest, key: str | None) -> Enqueued:
+        check_budget(self._pool, caller.org_id, self._settings.budgets)
         try:
             return enqueue(self._pool, caller, request.text, priority=_INTERACTIVE_PRIORITY,
                            options=request.options, idempotency_key=key,

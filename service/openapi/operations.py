@@ -55,6 +55,8 @@ _RETRIED_LINKS = {"GetJob": ("getJob", "job_id", "job_id"),
                   "CancelJob": ("cancelJob", "job_id", "job_id"),
                   "GetPrompt": ("getPrompt", "prompt_id", "prompt_id")}
 _QUEUE_FULL = retry_after(f"Seconds to wait ({QUEUE_FULL_RETRY_AFTER}).")
+_BUDGET_OR_FULL = retry_after(f"Seconds to wait: {QUEUE_FULL_RETRY_AFTER} for a full queue, "
+                              "until the budget resets for a spent one.")
 _CANCELLED = {**JOB_EXAMPLE, "state": "cancelled", "response_id": None}
 
 
@@ -103,8 +105,9 @@ def _submits(settings: Settings) -> list[Operation]:
                                                "priority": 20, "max_attempts": 3,
                                                "options": {"depth": 4}}),
             answers_past_limits={"429": error_answer(
-                "429", "The org's queue is full (SA_ORG_MAX_QUEUED); nothing was written.",
-                _QUEUE_FULL)}),
+                "429", "The org's queue is full (SA_ORG_MAX_QUEUED), or the org has spent its "
+                       "budget (SA_ORG_BUDGET_DAILY / _MONTHLY: the description says spent, "
+                       "budget and when it resets); nothing was written.", _BUDGET_OR_FULL)}),
         Operation(
             "post", f"{_API}/prompts/batch", "submitBatch",
             f"Submit 1 to {MAX_BATCH} prompts at once: all or none, 202 at once.",
@@ -125,8 +128,9 @@ def _submits(settings: Settings) -> list[Operation]:
                 "413": error_answer("413", "The body is larger than SA_BATCH_MAX_BYTES (default "
                                            "4 MiB)."),
                 "429": error_answer("429", "The batch would take the org past "
-                                           "SA_ORG_MAX_QUEUED; nothing was written.",
-                                    _QUEUE_FULL)}),
+                                           "SA_ORG_MAX_QUEUED, or the org has spent its budget "
+                                           "(SA_ORG_BUDGET_DAILY / _MONTHLY); nothing was "
+                                           "written.", _BUDGET_OR_FULL)}),
     ]
 
 
@@ -185,6 +189,14 @@ def _session_and_ops() -> list[Operation]:
         Operation("delete", f"{_API}/session", "closeSession",
                   "End the cookie's session at once and drop the cookie.",
                   {"204": Answer("Signed out.")}, errors=("403",)),
+        Operation("get", f"{_API}/usage", "getOrgBudget",
+                  "What the caller's org spent today and this month, against its budgets.",
+                  {"200": Answer("The org's spend and budgets.", "OrgBudget")},
+                  description=(
+                      "USD at the model routes' configured `prices`, summed per UTC day as "
+                      "calls finish. Past SA_ORG_BUDGET_DAILY or SA_ORG_BUDGET_MONTHLY, submits "
+                      "answer 429 (with Retry-After: the seconds until the budget resets) and "
+                      "queued jobs wait, unclaimed, until it does.")),
         Operation("get", f"{_API}/ops/overview", "opsOverview",
                   "Every org's queue depth, oldest queued, running jobs and recent failures.",
                   {"200": Answer("The overview.", "OpsOverview")},

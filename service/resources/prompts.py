@@ -11,6 +11,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.engine.enqueue import Enqueued, Submission, enqueue, enqueue_many
+from jobqueue.engine.spend import check_budget
 from service.contract import (
     JOBS_CURSOR,
     JOBS_LIMIT,
@@ -53,6 +54,7 @@ class PromptCollection:
         self._max_queued = settings.org_max_queued
         self._max_chain_depth = settings.chain_max_depth
         self._routes = settings.routes
+        self._budgets = settings.budgets
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes the prompt and its queued job; answers 202 with both ids.
@@ -66,6 +68,7 @@ class PromptCollection:
         wait = parse_prefer_wait(req.get_header(PREFER.name))
         request = parse_prompt(req.get_media(), self._max_chars)
         check_routable([request], self._routes)
+        check_budget(self._pool, req.context.caller.org_id, self._budgets)
         done = enqueue(
             self._pool, req.context.caller, request.text, parent_id=request.parent_id,
             priority=request.priority, max_attempts=request.max_attempts,
@@ -113,6 +116,7 @@ class PromptBatch:
         self._max_chars = settings.max_prompt_chars
         self._max_queued = settings.org_max_queued
         self._routes = settings.routes
+        self._budgets = settings.budgets
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes every prompt and its queued job; answers 202 with their ids in input order.
@@ -123,6 +127,7 @@ class PromptBatch:
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         requests = parse_batch(req.get_media(), self._max_chars)
         check_routable(requests, self._routes, batch=True)
+        check_budget(self._pool, req.context.caller.org_id, self._budgets)
         items = [Submission(text=r.text, parent_id=r.parent_id, priority=r.priority,
                             max_attempts=r.max_attempts, options=r.options, run_at=r.run_at,
                             delay_seconds=r.delay_seconds)
