@@ -118,6 +118,7 @@ def test_filter_open_a_history_bulk_cancel_after_the_count_and_find_it_in_the_lo
     page.find_element(By.ID, "f-org").send_keys(str(org))
     page.find_element(By.ID, "f-apply").click()
     links = "//table[@id='jobs']//a[@data-job-id]"
+    until(page, lambda d: d.find_element(By.ID, "jobs").get_attribute("data-filter") == f"org={org}")
     until(page, lambda d: sorted(a.get_attribute("data-job-id")
                                  for a in d.find_elements(By.XPATH, links)) == sorted(jobs))
     page.find_element(By.XPATH, f"{links}[@data-job-id='{jobs[0]}']").click()
@@ -155,7 +156,7 @@ def test_an_ops_read_token_sees_the_console_without_its_actions(
     sign_in(page, web, issue_token(ops_pool, 9, 92, scopes=("ops:read",)).token)
     until(page, lambda d: visible(d, "readonly-note") and d.find_elements(By.XPATH,
           "//span[@class='route-state']"))
-    assert page.find_elements(By.XPATH, "//table[@id='jobs']//a[@data-job-id]"), "jobs listed"
+    until(page, lambda d: d.find_elements(By.XPATH, "//table[@id='jobs']//a[@data-job-id]"))
     for element_id in ("selected-cancel", "selected-retry"):
         assert not visible(page, element_id)
     assert not any(b.is_displayed() for b in page.find_elements(By.XPATH, "//table//button"))

@@ -59,6 +59,8 @@ export async function loadJobs() {
   try {
     const page = await api("GET", `/ops/jobs?${params}`);
     if (mine !== loads) return;
+    // NOTE: says which filter the table shows (the page's tests wait for it).
+    $("jobs").dataset.filter = applied.toString();
     table("jobs", ["", "job", "state", "org", "model", "kind", "attempts", "created", "text"],
       page.items.map((j) => [pick(j), jobLink(j.id), j.state, j.org_id, j.model || "default",
         j.error_kind || "–", `${j.attempt}/${j.max_attempts}`, when(j.created_at), j.text || ""]));
