@@ -163,8 +163,11 @@ def test_a_bulk_cancel_of_a_filter_runs_in_batches_after_its_count_and_is_logged
                            "AND state = 'queued'", [uuid.UUID(i) for i in mine[:3]])["n"] == 3
     bounded = post(web, operator, "/bulk/retry", org=2, state="cancelled", max_jobs=1)
     assert bounded.json()["changed"] == 1, "max_jobs bounds the action"
-    assert [e["action"] for e in get(web, operator, "/actions", limit=2)["items"]] == [
-        "bulk_retry", "bulk_retry"]
+    newest = get(web, operator, "/actions", limit=2)
+    assert [e["action"] for e in newest["items"]] == ["bulk_retry", "bulk_retry"]
+    older = get(web, operator, "/actions", limit=2, before=newest["next_before"])
+    assert [e["action"] for e in older["items"]] == ["bulk_cancel", "bulk_cancel"]
+    assert older["next_before"] is None
 
 
 @pytest.mark.parametrize(("body", "params", "status"), [
