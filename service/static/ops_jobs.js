@@ -208,6 +208,13 @@ export function setupJobs(onChanged) {
   });
   $("jobs-newest").addEventListener("click", () => { cursor = null; cursors = []; loadJobs(); });
   $("bulk-count").addEventListener("click", countMatching);
+  $("select-page").addEventListener("click", () => {
+    for (const box of $("jobs").querySelectorAll("input[type=checkbox][data-job-id]")) {
+      box.checked = true;
+      selected.add(box.dataset.jobId);
+    }
+    showSelection();
+  });
   $("bulk-cancel").addEventListener("click", () => counted && bulk("cancel",
     { maxJobs: Number($("bulk-cancel").dataset.count) }));
   $("bulk-retry").addEventListener("click", () => counted && bulk("retry",
