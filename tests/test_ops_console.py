@@ -104,6 +104,8 @@ def test_the_explorer_filters_across_orgs_pages_by_keyset_and_links_to_a_jobs_hi
         ("running", "failed")]
     assert [(c["attempt"], c["http_status"], c["outcome"]) for c in history["provider_calls"]] == [
         (1, 503, "provider_5xx"), (2, 503, "provider_5xx")], "every attempt's error"
+    assert all("503" in c["error_message"] for c in history["provider_calls"]), (
+        "each attempt keeps its own message")
     assert history["job"]["org_id"] == 3
 
     minutes = get(web, operator, "/charts")["minutes"]

@@ -176,11 +176,14 @@ export async function showJobFromHash() {
     table("job-transitions", ["#", "from", "to", "attempt", "worker", "error kind", "at"],
       found.transitions.map((t) => [t.id, t.from_state || "(created)", t.to_state, t.attempt,
         t.worker_claim || "–", t.error_kind || "–", when(t.at)]));
-    table("job-calls", ["attempt", "route", "model", "outcome", "HTTP status", "latency", "tokens in/out",
-      "cost (USD)", "at"],
+    table("job-calls", ["attempt", "route", "model", "outcome", "HTTP status", "error", "latency",
+      "tokens in/out", "cost (USD)", "at"],
       found.provider_calls.map((c) => [c.attempt, c.route ?? "–", c.model, c.outcome, c.http_status ?? "–",
-        `${c.latency_ms} ms`, `${c.tokens_in ?? "–"}/${c.tokens_out ?? "–"}`,
+        c.error_message ?? "–", `${c.latency_ms} ms`, `${c.tokens_in ?? "–"}/${c.tokens_out ?? "–"}`,
         c.cost === null || c.cost === undefined ? "–" : c.cost.toFixed(6), when(c.created_at)]));
+    for (const row of $("job-calls").querySelectorAll("tbody tr")) {
+      if (row.children[5]) row.children[5].className = "text";
+    }
     $("job-title").textContent = `Job ${job.id}`;
     const wasHidden = $("job").hidden;
     $("job").hidden = false;

@@ -27,3 +27,9 @@ CREATE TABLE sa_ops_action (
     CONSTRAINT sa_ops_action_target_object CHECK (jsonb_typeof(target) = 'object')
 );
 -- NOTE: the console pages the log newest first by id (sa_ops_action_pkey): no other index.
+
+-- Each attempt's own error message, kept with its provider call (the ledger row the finalize
+-- writes), so a job's history shows every attempt's error, not only the latest one the job row
+-- keeps. NULL for a call that succeeded. The archive keeps it too.
+ALTER TABLE sa_ledger ADD COLUMN error_message text;
+ALTER TABLE sa_ledger_archive ADD COLUMN error_message text;
