@@ -114,7 +114,7 @@ class OpsBulk:
         if ids and (max_jobs is not None or req.params):
             raise falcon.HTTPUnprocessableEntity(
                 title="Invalid request",
-                description="Select jobs either by `ids` in the body or by a filter with "
+                description="Name the jobs either by `ids` in the body or by a filter with "
                             "`max_jobs` in the query, not both.")
         if not ids and max_jobs is None:
             raise falcon.HTTPUnprocessableEntity(
