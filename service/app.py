@@ -12,6 +12,7 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
+from jobqueue.core.console import BulkAction
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.dbcheck import DatabaseRefused, check_urls
 from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, TryLater
@@ -40,6 +41,17 @@ from service.resources.jobs import JobItem
 from service.resources.metrics import Metrics
 from service.resources.mission import MissionPrompts, MissionRecent
 from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
+from service.resources.ops_console import (
+    OpsActions,
+    OpsBulk,
+    OpsCharts,
+    OpsJob,
+    OpsJobCount,
+    OpsJobs,
+    OpsRouteAction,
+    OpsRoutes,
+    OpsWorkers,
+)
 from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
 from service.resources.responses import ResponseItem
@@ -218,6 +230,17 @@ def create_app(
     app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))
+    app.add_route(f"{API_PREFIX}/ops/jobs", OpsJobs(pool, settings))
+    app.add_route(f"{API_PREFIX}/ops/jobs/count", OpsJobCount(pool, settings))
+    app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}", OpsJob(pool))
+    app.add_route(f"{API_PREFIX}/ops/bulk/cancel", OpsBulk(pool, settings, BulkAction.CANCEL))
+    app.add_route(f"{API_PREFIX}/ops/bulk/retry", OpsBulk(pool, settings, BulkAction.RETRY))
+    app.add_route(f"{API_PREFIX}/ops/actions", OpsActions(pool))
+    app.add_route(f"{API_PREFIX}/ops/routes", OpsRoutes(pool, settings))
+    app.add_route(f"{API_PREFIX}/ops/routes/pause", OpsRouteAction(pool, settings, pause=True))
+    app.add_route(f"{API_PREFIX}/ops/routes/resume", OpsRouteAction(pool, settings, pause=False))
+    app.add_route(f"{API_PREFIX}/ops/workers", OpsWorkers(pool))
+    app.add_route(f"{API_PREFIX}/ops/charts", OpsCharts(pool))
     add_openai_routes(app, pool, settings, hub, waits)
     # NOTE: the pages live at the root, outside the versioned JSON API: they are HTML, and the
     # session cookie's Path (/sa-core/v1) keeps it off them.

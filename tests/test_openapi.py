@@ -117,8 +117,13 @@ schema = schemathesis.openapi.from_dict(
 schema.app = APP
 STATEFUL = _phases("stateful")
 STATEFUL["phases"]["stateful"]["max-steps"] = 12
+# NOTE: without the operator routes (/ops/): they have no links to follow and answer 403 to the
+# test's token (no `ops` scope), so in a sequence they only spend the steps the linked routes
+# need (with the console's ten routes the retry was no longer reached in 12 steps). Each is
+# still run alone by the test above, and tests/test_ops_console.py calls them with the scope.
 stateful = schemathesis.openapi.from_dict(copy.deepcopy(DOCUMENT),
-                                          config=SchemathesisConfig.from_dict(STATEFUL))
+                                          config=SchemathesisConfig.from_dict(STATEFUL)
+                                          ).exclude(path_regex=f"^{API_PREFIX}/ops/")
 stateful.app = APP
 
 # NOTE: the token goes through Schemathesis' auth hook, not fixed headers, so the cases that

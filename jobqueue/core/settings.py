@@ -300,6 +300,7 @@ class Settings:
     page_max_bytes: int = 1_048_576
     sessions_per_token: int = 20
     batch_max_bytes: int = 4 * 1_048_576
+    ops_bulk_batch: int = 500
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -395,6 +396,7 @@ class Settings:
             page_max_bytes=_int(env, "SA_PAGE_MAX_BYTES", 1_048_576, minimum=1024),
             sessions_per_token=_int(env, "SA_SESSIONS_PER_TOKEN", 20),
             batch_max_bytes=_int(env, "SA_BATCH_MAX_BYTES", 4 * 1_048_576),
+            ops_bulk_batch=_int(env, "SA_OPS_BULK_BATCH", 500),
         )
 
     @property

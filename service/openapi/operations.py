@@ -36,6 +36,7 @@ from service.openapi.components import (
     JOB_EXAMPLE,
 )
 from service.openapi.errors import LOCATION, REPLAYED, WAITED, error_answer, retry_after
+from service.openapi.ops import ops_operations
 
 __all__ = ["OPENAPI_PATH", "operations"]
 
@@ -203,8 +204,8 @@ def _session_and_ops() -> list[Operation]:
         Operation("get", f"{_API}/ops/overview", "opsOverview",
                   "Every org's queue depth, oldest queued, running jobs and recent failures.",
                   {"200": Answer("The overview.", "OpsOverview")},
-                  description="Needs a token with the `ops` scope (`sa-core create-token --scope "
-                              "ops`)."),
+                  description="Needs a token with the `ops` or `ops:read` scope "
+                              "(`sa-core create-token --scope ops:read`)."),
         Operation("post", f"{_API}/ops/jobs/{{job_id}}/cancel", "opsCancelJob",
                   "Cancel any org's queued or running job.",
                   {"200": Answer("The cancelled job.", "Job", {
@@ -275,4 +276,4 @@ def _feeds() -> list[Operation]:
 def operations(settings: Settings) -> list[Operation]:
     """Every operation of the app built with `settings` (limits come from there)."""
     return [*_health(), *_submits(settings), *_jobs_and_prompts(), *_session_and_ops(),
-            *_feeds()]
+            *ops_operations(), *_feeds()]

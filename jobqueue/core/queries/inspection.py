@@ -70,12 +70,12 @@ SELECT id, from_state, to_state, attempt, worker_claim, error_kind, response_id,
 # served by sa_ledger_job_idx (job_id) and sa_ledger_archive_job_idx (job_id).
 LEDGER_LIST_FOR_JOB_ANY_ORG = """
 SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outcome, created_at,
-       route, cost::float8 AS cost
+       route, cost::float8 AS cost, error_message
   FROM sa_ledger
  WHERE job_id = %(job_id)s
 UNION ALL
 SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outcome, created_at,
-       route, cost::float8 AS cost
+       route, cost::float8 AS cost, error_message
   FROM sa_ledger_archive
  WHERE job_id = %(job_id)s
  ORDER BY id

@@ -137,11 +137,12 @@ WITH done AS (
      WHERE job.to_state = 'succeeded'
 ), ledger AS (
     INSERT INTO sa_ledger (org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
-                           http_status, outcome, route, cost)
+                           http_status, outcome, route, cost, error_message)
     SELECT job.org_id, job.id, done.attempt, done.model, done.tokens_in, done.tokens_out,
            done.latency_ms, done.http_status,
            CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END,
-           done.route, done.cost
+           done.route, done.cost,
+           CASE WHEN job.to_state = 'succeeded' THEN NULL ELSE done.error_message END
       FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
      WHERE done.latency_ms IS NOT NULL
 ), spend AS (
