@@ -26,7 +26,7 @@ DEFAULT_ROUTE = "default"
 AuthStyle = Literal["bearer", "api-key"]
 _AUTH_STYLES: tuple[AuthStyle, ...] = ("bearer", "api-key")
 _KEYS = frozenset({"name", "base_url", "api_key_env", "auth", "query", "models", "stream", "rpm",
-                   "tpm"})
+                   "tpm", "max_tokens_default"})
 
 
 class RouteError(ValueError):
@@ -46,6 +46,8 @@ class Route:
     stream: bool = False
     rpm: int = 0
     tpm: int = 0
+    # NOTE: the answer's tokens a call without `max_tokens` reserves (0: 256, token_estimate.py).
+    max_tokens_default: int = 0
 
     @property
     def url(self) -> str:
@@ -170,10 +172,11 @@ def _route(item: Any, index: int, env: Mapping[str, str]) -> Route:
     if not isinstance(stream, bool):
         raise RouteError(f"{where}: stream must be true or false")
     limits = {}
-    for limit in ("rpm", "tpm"):
+    for limit in ("rpm", "tpm", "max_tokens_default"):
         value = item.get(limit, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise RouteError(f"{where}: {limit} must be an integer >= 0 (0: no limit)")
+            raise RouteError(f"{where}: {limit} must be an integer >= 0 (0: "
+                             f"{'256' if limit == 'max_tokens_default' else 'no limit'})")
         limits[limit] = value
     return Route(name, base_url.rstrip("/"), env.get(key_var, "") if key_var else "",
                  auth, tuple(sorted(query.items())), tuple(models), stream, **limits)

@@ -233,6 +233,9 @@ class Settings:
     rate_limit_min_wait: float = 60.0
     throttle_max_wait: float = 3600.0
     route_limit_window: float = 60.0
+    token_reservations: bool = True
+    ratelimit_headers: bool = True
+    fair_by_tokens: bool = False
     stream_interval: float = 0.075
     shutdown_grace: float = 30.0
     listen: bool = True
@@ -330,6 +333,9 @@ class Settings:
             rate_limit_min_wait=_float(env, "SA_RATE_LIMIT_MIN_WAIT", 60.0, minimum=-1.0),
             throttle_max_wait=_float(env, "SA_THROTTLE_MAX_WAIT", 3600.0, minimum=-1.0),
             route_limit_window=_float(env, "SA_ROUTE_LIMIT_WINDOW", 60.0),
+            token_reservations=_flag(env, "SA_TOKEN_RESERVATIONS", True),
+            ratelimit_headers=_flag(env, "SA_RATELIMIT_HEADERS", True),
+            fair_by_tokens=_flag(env, "SA_FAIR_BY_TOKENS", False),
             stream_interval=_float(env, "SA_STREAM_INTERVAL", 0.075),
             shutdown_grace=_float(env, "SA_SHUTDOWN_GRACE", 30.0, minimum=-1.0),
             listen=env.get("SA_LISTEN", "1") != "0",

@@ -58,6 +58,8 @@ class WorkerConfig:
     priority_ceiling: int = 100
     org_max_running: int = 0
     priority_aging: float = DEFAULT_PRIORITY_AGING
+    # NOTE: > 0 when SA_FAIR_BY_TOKENS is on: the claim weighs the orgs' tokens in windows of it.
+    token_window: float = 0.0
     poll_interval: float = 2.0
     heartbeat_interval: float = 30.0
     cancel_check_interval: float = 0.5
@@ -261,7 +263,8 @@ class Worker:
         if self.executor.gate.all_paused(list(self.executor.providers.routes.routes)):
             return False
         jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
-                     self.config.org_max_running, self.config.priority_aging)
+                     self.config.org_max_running, self.config.priority_aging,
+                     self.config.token_window)
         self.claim_rounds += 1
         for job in jobs:
             run = _Run(job, RunControl(partial(self._call_returned, job.id)))
