@@ -31,6 +31,7 @@ from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import job_event as event_q
 from jobqueue.core.queries import maintenance as maintenance_q
 from jobqueue.core.queries import metrics as metrics_q
+from jobqueue.core.queries import org_token as org_token_q
 from jobqueue.core.queries import partial as partial_q
 from jobqueue.core.queries import route as route_q
 from jobqueue.engine.claim import DEFAULT_DEPTH
@@ -84,6 +85,12 @@ HOT_PATH = [
     HotStatement("claim", claim_q.JOB_CLAIM_MANY, _CLAIM, job_q.JOB_PLAN_SETTINGS),
     # NOTE: the per-org rank needs every claimable row (see its comment), so it may sort them,
     # but it still reads them through the claim index, never the table.
+    # NOTE: fair by tokens (SA_FAIR_BY_TOKENS): the same heads, plus one probe of the orgs'
+    # recent tokens each.
+    HotStatement("claim_by_tokens", claim_q.JOB_CLAIM_MANY_BY_TOKENS,
+                 {**_CLAIM, "token_window": 60.0}, job_q.JOB_PLAN_SETTINGS),
+    HotStatement("claim_candidates_by_tokens", claim_q.JOB_CLAIM_CANDIDATES_BY_TOKENS,
+                 {**_CLAIM, "token_window": 60.0}, job_q.JOB_PLAN_SETTINGS),
     HotStatement("claim_org_capped", claim_q.JOB_CLAIM_MANY_ORG_CAPPED, _CLAIM,
                  job_q.JOB_PLAN_SETTINGS, reads_backlog=True),
     HotStatement("finalize_mixed", job_q.JOB_SET_STATE_IF_RUNNING_MANY, _FINALIZE, prepared=False),
@@ -140,6 +147,12 @@ HOT_PATH = [
     HotStatement("route_pauses_active", route_q.ROUTE_PAUSES_ACTIVE, {}),
     HotStatement("route_window_take", route_q.ROUTE_WINDOW_TAKE,
                  {"route": "r", "rpm": 10, "tpm": 0, "window": 60.0}),
+    HotStatement("route_window_reserve", route_q.ROUTE_WINDOW_RESERVE,
+                 {"route": "r", "rpm": 10, "tpm": 1000, "tokens": 100, "window": 60.0}),
+    HotStatement("route_window_settle", route_q.ROUTE_WINDOW_SETTLE,
+                 {"route": "r", "window_start": datetime.now(UTC), "reserved": 100, "used": 80}),
+    HotStatement("org_token_window_add", org_token_q.ORG_TOKEN_WINDOW_ADD,
+                 {"org_id": 1, "tokens": 80, "window": 60.0}),
 ]
 
 
