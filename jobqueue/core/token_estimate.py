@@ -47,11 +47,13 @@ def estimate(chars: int, messages: int, ratio: float, max_tokens: int) -> int:
     return math.ceil(chars * ratio) + messages * _PER_MESSAGE + max(0, max_tokens)
 
 
-def learn_ratio(ratio: float, chars: int, messages: int, tokens_in: int | None) -> float:
+def learn_ratio(ratio: float, chars: int, tokens_in: int | None) -> float:
     """The route's ratio moved toward what one call reported (unchanged without a count)."""
     if tokens_in is None or chars <= 0:
         return ratio
-    seen = max(0, tokens_in - messages * _PER_MESSAGE) / chars
+    # NOTE: the framing stays in what is learned (and is added again by `estimate`): an estimate
+    # a little high costs a little throughput, one a little low costs 429s.
+    seen = tokens_in / chars
     low, high = _RATIO_BOUNDS
     return min(high, max(low, ratio + _LEARNING_RATE * (seen - ratio)))
 

@@ -145,7 +145,7 @@ class RouteGate:
             throttle.add_tokens(self._pool, route.name, used, self._window)
         with self._lock:
             self._ratios[route.name] = learn_ratio(self._ratios.get(route.name, DEFAULT_RATIO),
-                                                   ticket.chars, ticket.messages, tokens_in)
+                                                   ticket.chars, tokens_in)
         if self._fair_by_tokens and used and ticket.org_id:
             throttle.add_org_tokens(self._pool, ticket.org_id, used, self._window)
         self.heed(ticket, headers)
