@@ -152,7 +152,7 @@ HOT_PATH = [
     HotStatement("route_window_settle", route_q.ROUTE_WINDOW_SETTLE,
                  {"route": "r", "window_start": datetime.now(UTC), "reserved": 100, "used": 80}),
     HotStatement("org_token_window_add", org_token_q.ORG_TOKEN_WINDOW_ADD,
-                 {"org_id": 1, "tokens": 80, "window": 60.0}),
+                 {"org_id": 1, "tokens": 80, "calls": 1, "window": 60.0}),
 ]
 
 

@@ -98,8 +98,8 @@ def settle(pool: ConnectionPool[DictConnection], route: str, window_start: datet
 
 
 def add_org_tokens(pool: ConnectionPool[DictConnection], org_id: int, tokens: int,
-                   window: float) -> None:
-    """Adds one call's reported tokens to its org's current window (the fair claim by tokens)."""
+                   window: float, calls: int = 1) -> None:
+    """Adds tokens (and calls) to an org's current window, for the fair claim by tokens."""
     with pool.connection() as conn:
         conn.execute(org_q.ORG_TOKEN_WINDOW_ADD, {"org_id": org_id, "tokens": tokens,
-                                                  "window": window})
+                                                  "calls": calls, "window": window})

@@ -51,6 +51,7 @@ class Ticket:
     messages: int
     org_id: int
     window_start: datetime | None = None
+    org_counted: bool = False
 
 log = structlog.get_logger(__name__)
 
@@ -69,8 +70,8 @@ class RouteGate:
                 (SA_TOKEN_RESERVATIONS); else a `tpm` limit counts reported tokens only.
             use_headers: pause a route when its `x-ratelimit-*` headers say the next call
                 would not fit (SA_RATELIMIT_HEADERS).
-            fair_by_tokens: record each org's reported tokens for the claim
-                (SA_FAIR_BY_TOKENS).
+            fair_by_tokens: count each org's tokens for the claim (SA_FAIR_BY_TOKENS): a
+                call's estimate when admitted, its reported usage once settled.
         """
         self._pool = pool
         self._refresh = refresh
@@ -118,19 +119,28 @@ class RouteGate:
             else route.max_tokens_default or DEFAULT_MAX_TOKENS
         need = estimate(chars, count, self._ratio(route.name), answer)
         ticket = Ticket(route, self.paused_for(route.name), need, chars, count, org_id)
-        if ticket.wait > 0 or not (route.rpm or route.tpm):
-            return ticket
+        if ticket.wait <= 0 and (route.rpm or route.tpm):
+            self._count(ticket)
+        if ticket.wait <= 0 and self._fair_by_tokens and org_id:
+            # NOTE: counted when admitted, so the claims made while it runs already see it.
+            throttle.add_org_tokens(self._pool, org_id, need, self._window)
+            ticket.org_counted = True
+        return ticket
+
+    def _count(self, ticket: Ticket) -> None:
+        """Counts the call against its route's limits: with its reservation (or without, as
+        before SA_TOKEN_RESERVATIONS); pauses the route when it does not fit."""
+        route = ticket.route
         if self._reserve_tokens:
-            held = throttle.reserve(self._pool, route.name, route.rpm, route.tpm, need,
+            held = throttle.reserve(self._pool, route.name, route.rpm, route.tpm, ticket.need,
                                     self._window)
             ticket.window_start = held.window_start
             if held.window_start is None:
                 ticket.wait = self.pause(route, held.seconds_left, "limit")
-            return ticket
+            return
         left = throttle.take(self._pool, route.name, route.rpm, route.tpm, self._window)
         if left is not None:
             ticket.wait = self.pause(route, left, "limit")
-        return ticket
 
     def settle(self, ticket: Ticket, tokens_in: int | None, tokens_out: int | None,
                headers: RateLimitHeaders | None) -> None:
@@ -146,8 +156,10 @@ class RouteGate:
         with self._lock:
             self._ratios[route.name] = learn_ratio(self._ratios.get(route.name, DEFAULT_RATIO),
                                                    ticket.chars, tokens_in)
-        if self._fair_by_tokens and used and ticket.org_id:
-            throttle.add_org_tokens(self._pool, ticket.org_id, used, self._window)
+        if ticket.org_counted and used != ticket.need:
+            throttle.add_org_tokens(self._pool, ticket.org_id, used - ticket.need, self._window,
+                                    calls=0)
+        ticket.org_counted = False
         self.heed(ticket, headers)
 
     def release(self, ticket: Ticket, headers: RateLimitHeaders | None = None) -> None:
@@ -155,6 +167,10 @@ class RouteGate:
         if ticket.window_start is not None:
             throttle.settle(self._pool, ticket.route.name, ticket.window_start, ticket.need, 0)
             ticket.window_start = None
+        if ticket.org_counted:
+            throttle.add_org_tokens(self._pool, ticket.org_id, -ticket.need, self._window,
+                                    calls=-1)
+            ticket.org_counted = False
         self.heed(ticket, headers)
 
     def heed(self, ticket: Ticket, headers: RateLimitHeaders | None) -> None:

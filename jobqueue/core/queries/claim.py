@@ -124,13 +124,14 @@ _CLAIM_CHOICE = (
 )
 
 # Fair by tokens (SA_FAIR_BY_TOKENS): the same heads, taken in the order of the tokens each org
-# would have used by its turn, not of the turn alone. `usage` sums each waiting org's reported
-# tokens and calls over the current and the previous window of `token_window` seconds, by
-# sa_org_token_window_pkey (org_id, window_start): one probe per org with queued work. An org's
-# n-th head ranks at its recent tokens + n x its tokens per call (an org with no recent call:
-# the waiting orgs' average, else 1, so it ranks by turn): an org of long prompts gets fewer
-# turns, one of short prompts more, until their recent tokens are even. Priority (`rank`,
-# aging included) still comes first. Reads what _CLAIM_CHOICE reads, and that table.
+# would have used by its turn, not of the turn alone. `usage` sums each waiting org's tokens
+# (calls in flight at their estimate) and calls over the current and the previous window of
+# `token_window` seconds, by sa_org_token_window_pkey (org_id, window_start): one probe per org
+# with queued work. An org's n-th head ranks at its recent tokens + n x its tokens per call (an
+# org with no recent call: the waiting orgs' average, else 1, so it ranks by turn): an org of
+# long prompts gets fewer turns, one of short prompts more, until their recent tokens are even.
+# Priority (`rank`, aging included) still comes first. Reads what _CLAIM_CHOICE reads, and
+# that table.
 _CLAIM_CHOICE_BY_TOKENS = (
     _CLAIM_HEADS
     + """), usage AS (

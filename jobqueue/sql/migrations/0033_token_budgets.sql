@@ -6,7 +6,7 @@
 -- is replaced by their reported usage when they settle, or taken back when they fail.
 ALTER TABLE sa_route_window ADD COLUMN reserved bigint NOT NULL DEFAULT 0;
 
--- Tokens each org's calls reported, per window of SA_ROUTE_LIMIT_WINDOW, written by the workers
+-- Tokens each org's calls used (in flight: their estimate), per window of SA_ROUTE_LIMIT_WINDOW, written by the workers
 -- only when SA_FAIR_BY_TOKENS is on. Windows older than the previous one are deleted as the
 -- next one starts, so an org holds two or three rows. The claim probes it by its primary key,
 -- once per org with queued work.
