@@ -4,6 +4,7 @@ route before a 429; the claim can share the provider between orgs by tokens, not
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -11,7 +12,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
-from jobqueue.core.routes import Route
+from jobqueue.core.routes import Route, RouteError, load_routes
 from jobqueue.core.settings import Settings
 from jobqueue.core.token_estimate import RateLimitHeaders, header_pause, parse_reset
 from jobqueue.core.tokens import Caller
@@ -159,3 +160,12 @@ def test_fair_by_tokens_gives_orgs_of_long_and_short_prompts_comparable_token_sh
     with pool.connection() as conn:
         conn.execute("TRUNCATE sa_org_token_window")
     assert 0.4 <= share(3600.0) <= 0.6
+
+
+def test_a_routes_max_tokens_default_is_a_count() -> None:
+    env = {"SA_PROVIDER_ROUTES": json.dumps({"routes": [
+        {"name": "r", "base_url": "http://127.0.0.1:9", "max_tokens_default": 800}]})}
+    assert load_routes(env)[0].max_tokens_default == 800
+    env["SA_PROVIDER_ROUTES"] = env["SA_PROVIDER_ROUTES"].replace("800", "-1")
+    with pytest.raises(RouteError, match="max_tokens_default must be an integer >= 0"):
+        load_routes(env)
