@@ -4,7 +4,7 @@ x-ratelimit-* headers (2) and the claim fair by tokens (5).
 
 Usage: .venv/bin/python -m bench.token_budget [--tpm 20000] [--window 10] [--windows 3]
        [--workers 3] [--concurrency 16] [--latency 0.3] [--only base,1,2,1+2,1+2+5]
-       (also "1, tpm+25%" and "1+2, tpm+25%": a route configured above the provider's limit)
+       (also "1 tpm+25%" and "1+2 tpm+25%": a route configured above the provider's limit)
 
 The provider is `sa-core fake-provider --tpm T --limit-window W` in a process of its own: it
 counts a call's prompt words plus its `max_tokens` at arrival and answers 429 past T per
@@ -54,8 +54,8 @@ RUNS = {
     "1+2+5": ("1", "1", "1", 1.0),
     # NOTE: a route configured 25 % above what the provider grants (another client shares the
     # key, or the tier changed): the reservations alone over-admit, the headers catch it.
-    "1, tpm+25%": ("1", "0", "0", 1.25),
-    "1+2, tpm+25%": ("1", "1", "0", 1.25),
+    "1 tpm+25%": ("1", "0", "0", 1.25),
+    "1+2 tpm+25%": ("1", "1", "0", 1.25),
 }
 DEFAULT_RUNS = ("base", "1", "2", "1+2", "1+2+5")
 ORGS = {1: (300, 700), 2: (50, 120)}
