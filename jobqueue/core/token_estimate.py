@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = ["DEFAULT_MAX_TOKENS", "DEFAULT_RATIO", "RateLimitHeaders", "estimate",
-           "header_pause", "learn_ratio", "parse_reset", "prompt_chars"]
+           "header_pause", "learn_ratio", "parse_reset", "prompt_chars", "tighter"]
 
 DEFAULT_RATIO = 0.25
 """Tokens per character before a route has reported any usage (English text: ~4 characters a
@@ -102,6 +102,8 @@ class RateLimitHeaders:
     remaining_tokens: int | None = None
     reset_requests: float | None = None
     reset_tokens: float | None = None
+    limit_requests: int | None = None
+    limit_tokens: int | None = None
 
     @classmethod
     def read(cls, header: Callable[[str], str | None]) -> RateLimitHeaders | None:
@@ -109,7 +111,9 @@ class RateLimitHeaders:
         found = cls(_count(header("x-ratelimit-remaining-requests")),
                     _count(header("x-ratelimit-remaining-tokens")),
                     parse_reset(header("x-ratelimit-reset-requests")),
-                    parse_reset(header("x-ratelimit-reset-tokens")))
+                    parse_reset(header("x-ratelimit-reset-tokens")),
+                    _count(header("x-ratelimit-limit-requests")),
+                    _count(header("x-ratelimit-limit-tokens")))
         return None if found == cls() else found
 
 
@@ -133,3 +137,10 @@ def header_pause(headers: RateLimitHeaders, need: int, fallback: float) -> tuple
 
 def _reset(seconds: float | None, fallback: float) -> float:
     return fallback if seconds is None else seconds
+
+
+def tighter(configured: int, told: int | None) -> int:
+    """The lower of a configured limit and the provider's (0 and None: none)."""
+    if not told:
+        return configured
+    return min(configured, told) if configured else told

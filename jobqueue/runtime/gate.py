@@ -30,6 +30,7 @@ from jobqueue.core.token_estimate import (
     header_pause,
     learn_ratio,
     prompt_chars,
+    tighter,
 )
 from jobqueue.engine import throttle
 
@@ -82,6 +83,8 @@ class RouteGate:
         self._lock = threading.Lock()
         self._until: dict[str, float] = {}
         self._ratios: dict[str, float] = {}
+        # NOTE: the limits the provider's x-ratelimit-limit-* headers state, per route.
+        self._told: dict[str, tuple[int | None, int | None]] = {}
         self._read_at = -float("inf")
 
     def refresh(self) -> None:
@@ -119,21 +122,30 @@ class RouteGate:
             else route.max_tokens_default or DEFAULT_MAX_TOKENS
         need = estimate(chars, count, self._ratio(route.name), answer)
         ticket = Ticket(route, self.paused_for(route.name), need, chars, count, org_id)
-        if ticket.wait <= 0 and (route.rpm or route.tpm):
-            self._count(ticket)
+        rpm, tpm = self._limits(route)
+        if ticket.wait <= 0 and (rpm or tpm):
+            self._count(ticket, rpm, tpm)
         if ticket.wait <= 0 and self._fair_by_tokens and org_id:
             # NOTE: counted when admitted, so the claims made while it runs already see it.
             throttle.add_org_tokens(self._pool, org_id, need, self._window)
             ticket.org_counted = True
         return ticket
 
-    def _count(self, ticket: Ticket) -> None:
+    def _limits(self, route: Route) -> tuple[int, int]:
+        """The route's requests and tokens per window: the configured ones, lowered to what the
+        provider's headers state (with reservations: their counts are what a limit checks)."""
+        if not self._reserve_tokens:
+            return route.rpm, route.tpm
+        with self._lock:
+            told_rpm, told_tpm = self._told.get(route.name, (None, None))
+        return tighter(route.rpm, told_rpm), tighter(route.tpm, told_tpm)
+
+    def _count(self, ticket: Ticket, rpm: int, tpm: int) -> None:
         """Counts the call against its route's limits: with its reservation (or without, as
         before SA_TOKEN_RESERVATIONS); pauses the route when it does not fit."""
         route = ticket.route
         if self._reserve_tokens:
-            held = throttle.reserve(self._pool, route.name, route.rpm, route.tpm, ticket.need,
-                                    self._window)
+            held = throttle.reserve(self._pool, route.name, rpm, tpm, ticket.need, self._window)
             ticket.window_start = held.window_start
             if held.window_start is None:
                 ticket.wait = self.pause(route, held.seconds_left, "limit")
@@ -175,9 +187,15 @@ class RouteGate:
 
     def heed(self, ticket: Ticket, headers: RateLimitHeaders | None) -> None:
         """Pauses the route for every worker when the provider's headers say the next call (as
-        large as this one) would meet a 429: none left of requests, or fewer tokens than it."""
+        large as this one) would meet a 429: none left of requests, or fewer tokens than it.
+        The limits they state (`x-ratelimit-limit-*`) bound the route's reservations from then
+        on, when they are lower than its configured `rpm`/`tpm` (or it has none)."""
         if not self._use_headers or headers is None:
             return
+        if headers.limit_requests or headers.limit_tokens:
+            # NOTE: taken as per SA_ROUTE_LIMIT_WINDOW (60 s: OpenAI's minute).
+            with self._lock:
+                self._told[ticket.route.name] = (headers.limit_requests, headers.limit_tokens)
         decision = header_pause(headers, ticket.need, _NO_RESET_PAUSE)
         if decision is not None and decision[0] > 0:
             self.pause(ticket.route, decision[0], "headers")
