@@ -165,7 +165,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--latency", type=float, default=0.3, help="provider seconds per call")
     parser.add_argument("--only", default=",".join(DEFAULT_RUNS),
-                        help=f"runs, comma-separated, of: {'; '.join(RUNS)}")
+                        help="runs, comma-separated, of: " + "; ".join(RUNS).replace("%", "%%"))
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     limit_per_min = args.tpm * 60 / args.window
