@@ -102,6 +102,27 @@ def test_a_failed_call_releases_its_reservation(
     assert window == {"requests": 1, "tokens": 0, "reserved": 0}
 
 
+def test_a_call_larger_than_the_whole_tpm_is_taken_alone_by_an_empty_window(
+        base_settings: Settings, pool: ConnectionPool[DictConnection], caller: Caller) -> None:
+    # NOTE: 10,000 tokens of max_tokens against a tpm of 100: it never fits a window with
+    # anything in it, so an empty one takes it (else it would wait for ever); the next call
+    # waits for the window after.
+    small = replace(base_settings, provider_url="", route_limit_window=1.0, provider_routes=(
+        Route("small", base_settings.provider_url, tpm=100),))
+    for i in range(2):
+        enqueue(pool, caller, f"huge {i}", options={"max_tokens": 10_000})
+    harness = WorkerHarness(small, pool)
+    try:
+        harness.start(concurrency=2)
+        wait_for(lambda: _all_done(pool, 2), timeout=10)
+    finally:
+        harness.stop_all()
+    assert {(r["state"], r["attempt"]) for r in fetch_all(pool, JOBS)} == {("succeeded", 1)}
+    # NOTE: the second found the window taken: it was put back (no call, attempt kept).
+    assert fetch_one(pool, "SELECT reason FROM sa_route_pause WHERE route = 'small'")["reason"] \
+        == "limit"
+
+
 def test_the_providers_headers_pause_the_route_before_a_429(
         base_settings: Settings, pool: ConnectionPool[DictConnection], caller: Caller) -> None:
     # NOTE: the route itself has no limit: only the answers' x-ratelimit-* headers tell.
