@@ -35,8 +35,10 @@ def _all_done(pool: ConnectionPool[DictConnection], n: int) -> bool:
 
 @pytest.fixture(scope="module")
 def limited() -> Iterator[FakeProvider]:
-    # NOTE: 400 tokens a second (prompt + max_tokens): three of the long prompts below at most.
-    with FakeProvider(config=FakeConfig(tpm=400, limit_window=1.0)) as provider:
+    # NOTE: 520 tokens a second (prompt + max_tokens): four of the long prompts below at most.
+    # The route allows 400 (three): a call reserved at the very end of one of its windows may
+    # reach the provider in the next one (a loaded machine), and is counted there.
+    with FakeProvider(config=FakeConfig(tpm=520, limit_window=1.0)) as provider:
         yield provider
 
 
@@ -125,12 +127,13 @@ def test_a_call_larger_than_the_whole_tpm_is_taken_alone_by_an_empty_window(
 
 def test_the_providers_headers_pause_the_route_before_a_429(
         base_settings: Settings, pool: ConnectionPool[DictConnection], caller: Caller) -> None:
-    # NOTE: the route itself has no limit: only the answers' x-ratelimit-* headers tell.
-    # 40 prompt words + 20 max_tokens = 60 a call, 200 a second: a fourth call in a window
-    # would be refused; the third's answer says 20 tokens remain, fewer than a call needs.
+    # NOTE: the route itself has no limit, and the reservations are off: only the answers'
+    # x-ratelimit-remaining-* headers tell. 40 prompt words + 20 max_tokens = 60 a call, 200 a
+    # second: a fourth call in a window would be refused; the third's answer says 20 tokens
+    # remain, fewer than a call needs.
     with FakeProvider(config=FakeConfig(tpm=200, limit_window=1.0)) as fake:
         told = replace(base_settings, provider_url="", route_limit_window=1.0,
-                       provider_routes=(Route("told", fake.url),))
+                       provider_routes=(Route("told", fake.url),), token_reservations=False)
         for i in range(7):
             enqueue(pool, caller, " ".join(["word"] * 39) + f" {i}", options={"max_tokens": 20})
         harness = WorkerHarness(told, pool)
@@ -141,10 +144,8 @@ def test_the_providers_headers_pause_the_route_before_a_429(
             harness.stop_all()
         assert fake.limited == 0, "the provider answered 429"
     assert {(r["state"], r["attempt"]) for r in fetch_all(pool, JOBS)} == {("succeeded", 1)}
-    # NOTE: `headers` (remaining below a call) or `limit` (the stated limit then bounds the
-    # reservations): the route has no limit of its own, so both come from the headers.
     assert fetch_one(pool, "SELECT reason FROM sa_route_pause WHERE route = 'told'")["reason"] \
-        in ("headers", "limit")
+        == "headers"
 
 
 def test_openai_reset_durations_and_the_pause_they_make() -> None:
