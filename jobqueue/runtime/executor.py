@@ -97,13 +97,13 @@ class Executor:
                 return Outcome.ABANDONED
             return self._handle_failure(job, unroutable, model, bound)
         provider = self.providers.providers[route.name]
-        waiting = self.gate.admit(route)
-        if waiting > 0:
+        ticket = self.gate.admit(route, messages, job.options.get("max_tokens"), job.org_id)
+        if ticket.wait > 0:
             if not self._may_finish(control, bound):
                 return Outcome.ABANDONED
             return self._throttle(job, route, ProviderFailure(
                 ErrorKind.RATE_LIMIT, f"route {route.name!r} is throttled (no call made)",
-                retry_after=waiting), model, bound, called=False)
+                retry_after=ticket.wait), model, bound, called=False)
         # NOTE: a streamed attempt's text shows while it arrives (GET /jobs, job.output_delta).
         on_delta = PartialWriter(self.pool, job, self.stream_interval).feed if route.stream else None
         try:
@@ -111,6 +111,7 @@ class Executor:
                 name: job.options[name] for name in SENT_OPTIONS if name in job.options},
                 control=control)
         except CallAbandoned:
+            self.gate.release(ticket)
             # NOTE: whoever abandoned the run (worker.py) logged it; a stream's write finding the
             # job gone is logged here, once.
             if control is None or not control.abandoned:
@@ -119,6 +120,7 @@ class Executor:
                 bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
             return Outcome.ABANDONED
         except ProviderFailure as failure:
+            self.gate.release(ticket, failure.ratelimit)
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
             bound.warning("provider.request", outcome=failure.kind.value, model=model,
                           route=route.name, http_status=failure.http_status,
@@ -139,7 +141,7 @@ class Executor:
                          completion.tokens_in, completion.tokens_out)
         if cost:
             metrics.PROVIDER_COST.labels(route=route.name).inc(cost)
-        self.gate.spent(route, (completion.tokens_in or 0) + (completion.tokens_out or 0))
+        self.gate.settle(ticket, completion.tokens_in, completion.tokens_out, completion.ratelimit)
         if not self._may_finish(control, bound):
             return Outcome.ABANDONED
         call = CallRecord(
