@@ -203,6 +203,20 @@ function applyEvent(event) {
   if (event.error_kind || item.max_attempts === undefined) sync().catch(failed);
 }
 
+// The fields an event sets. NOTE: a page read before an event arrived may land after it; the
+// event's newer state stays, and the page adds only what events do not carry.
+const EVENT_FIELDS = ["job_id", "state", "attempt", "error_kind", "updated_at", "response_id",
+  "response_text", "response_truncated"];
+
+function mergeRead(item) {
+  const known = items.get(item.prompt_id);
+  if (known && known.updated_at && Date.parse(known.updated_at) > Date.parse(item.updated_at)) {
+    merge({ ...item, ...Object.fromEntries(EVENT_FIELDS.map((name) => [name, known[name]])) });
+    return;
+  }
+  merge(item);
+}
+
 // ---- first load: the snapshot, then older pages on request ---------------------------------------
 
 async function loadSnapshot() {
@@ -254,7 +268,7 @@ async function sync() {
         if (cursor) query.set("cursor", cursor);
         const page = await api("GET", `/mission/recent?${query}`);
         setServerClock(page.as_of);
-        for (const item of page.items) merge(item);
+        for (const item of page.items) mergeRead(item);
         cursor = page.next_cursor;
         more = page.has_more;
       }
