@@ -34,7 +34,7 @@ pytestmark = pytest.mark.xdist_group("ops_console_page")
 
 API = "/sa-core/v1"
 BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
-WAIT = 20.0
+WAIT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +153,9 @@ def test_pause_and_resume_a_route_from_the_console(
 def test_an_ops_read_token_sees_the_console_without_its_actions(
     page: WebDriver, web: str, ops_pool: ConnectionPool[DictConnection],
 ) -> None:
+    user = {"Authorization": f"Bearer {issue_token(ops_pool, 9, 1).token}"}
+    assert httpx.post(f"{web}{API}/prompt", headers=user, timeout=10,
+                      json={"text": "to look at", "delay_seconds": 3600}).status_code == 202
     sign_in(page, web, issue_token(ops_pool, 9, 92, scopes=("ops:read",)).token)
     until(page, lambda d: visible(d, "readonly-note") and d.find_elements(By.XPATH,
           "//span[@class='route-state']"))
