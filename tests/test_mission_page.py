@@ -38,6 +38,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
+from tests.axe import serious_violations
 from tests.helpers import REPO, fetch_one, free_port, require_tool
 from tests.processes import gunicorn, run_process
 
@@ -822,3 +823,23 @@ def test_a_reopened_page_loads_the_present_not_the_history_and_applies_events_as
     for n in range(55, 60):
         assert drop_in(page, f"later {n}", "succeeded")["response"] == f"echo[1]: user:later {n}"
     assert reads(page, "/mission/recent") == 0
+
+
+def test_axe_finds_no_serious_violation_on_the_page_in_its_main_states(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    page.get(f"{web}/mission")
+    until(page, lambda d: _visible(d, "token"))
+    assert serious_violations(page) == [], "sign-in"
+    viewer = Viewer(mission_pool, web)
+    viewer.submit("waits for later", delay_seconds=3600)
+    viewer.submit("fails [fake:400]")
+    viewer.submit("answers with code\n\n```\nprint(1)\n```")
+    viewer.sign_in(page)
+    drop_in(page, "fails [fake:400]", "failed")
+    until(page, lambda d: (x := drop(d, "answers with code\n\n```\nprint(1)\n```"))
+          and x["state"] == "succeeded")
+    assert serious_violations(page) == [], "drops queued, failed and succeeded"
+    click(page, "fails [fake:400]", "Retry")
+    with phone_width(page):
+        assert serious_violations(page) == [], "at 390 px"

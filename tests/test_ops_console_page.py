@@ -27,6 +27,7 @@ from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token
 from jobqueue.devtools.embedded_db import scratch_database
+from tests.axe import serious_violations
 from tests.helpers import fetch_one, require_tool
 from tests.processes import gunicorn
 
@@ -164,3 +165,22 @@ def test_an_ops_read_token_sees_the_console_without_its_actions(
         assert not visible(page, element_id)
     assert not any(b.is_displayed() for b in page.find_elements(By.XPATH, "//table//button"))
     assert not any(b.is_displayed() for b in page.find_elements(By.XPATH, "//table//input"))
+
+
+def test_axe_finds_no_serious_violation_on_the_console_in_its_main_states(
+    page: WebDriver, web: str, ops_pool: ConnectionPool[DictConnection],
+) -> None:
+    page.get(f"{web}/mission/ops")
+    until(page, lambda d: (n := d.find_element(By.ID, "token")).is_displayed() and n)
+    assert serious_violations(page) == [], "sign-in"
+    user = {"Authorization": f"Bearer {issue_token(ops_pool, 9, 1).token}"}
+    job = httpx.post(f"{web}{API}/prompt", headers=user, timeout=10,
+                     json={"text": "for the checker", "delay_seconds": 3600}).json()["job_id"]
+    sign_in(page, web, issue_token(ops_pool, 9, 93, scopes=("ops",)).token)
+    links = "//table[@id='jobs']//a[@data-job-id]"
+    until(page, lambda d: d.find_elements(By.XPATH, f"{links}[@data-job-id='{job}']")
+          and d.find_elements(By.CSS_SELECTOR, "#chart-jobs svg"))
+    assert serious_violations(page) == [], "explorer, panels and charts"
+    page.find_element(By.XPATH, f"{links}[@data-job-id='{job}']").click()
+    until(page, lambda d: visible(d, "job") and "(created)" in text_of(d, "job-transitions"))
+    assert serious_violations(page) == [], "a job's history"
