@@ -840,6 +840,43 @@ def test_axe_finds_no_serious_violation_on_the_page_in_its_main_states(
     until(page, lambda d: (x := drop(d, "answers with code\n\n```\nprint(1)\n```"))
           and x["state"] == "succeeded")
     assert serious_violations(page) == [], "drops queued, failed and succeeded"
+    page.find_element(By.CSS_SELECTOR, "#field .drop.is-orphan a.details").click()
+    until(page, lambda d: d.execute_script(_ATTEMPTS))
+    assert serious_violations(page) == [], "a prompt's details"
+    page.find_element(By.ID, "detail-close").click()
     click(page, "fails [fake:400]", "Retry")
     with phone_width(page):
         assert serious_violations(page) == [], "at 390 px"
+
+
+_ATTEMPTS = """
+return [...document.querySelectorAll('#detail-body .detail-attempts tbody tr')]
+  .map((tr) => [...tr.children].slice(0, 8).map((td) => td.textContent));
+"""
+
+
+def test_a_prompts_details_show_every_attempt_and_have_an_address_of_their_own(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    text = f"flaky once {uuid.uuid4().hex[:6]} [fake:flaky=1]"
+    prompt_id = viewer.submit(text, options={"temperature": 0.5})["prompt_id"]
+    drop_in(page, text, "succeeded")
+    page.find_element(By.CSS_SELECTOR, f'#field .drop[data-prompt-id="{prompt_id}"] a.details').click()
+    # NOTE: the model the worker called (its SA_PROVIDER_MODEL), as the ledger has it.
+    model = fetch_one(mission_pool, "SELECT model FROM sa_ledger l JOIN sa_job j ON j.id = l.job_id "
+                                    "WHERE j.prompt_id = %s LIMIT 1", prompt_id)["model"]
+    expected = [["1", "provider_5xx", "retried", model, "default", "503"],
+                ["2", "succeeded", "", model, "default", "200"]]
+    rows = until(page, lambda d: (r := d.execute_script(_ATTEMPTS)) and len(r) == 2 and r)
+    assert [row[:6] for row in rows] == expected
+    assert rows[1][7] == f"{len(text.split())} in, {len(text.split()) + 1} out"
+    assert "temperature: 0.5" in page.find_element(By.ID, "detail-body").text
+    assert page.current_url.endswith(f"#prompt={prompt_id}")
+    page.refresh()
+    rows = until(page, lambda d: (r := d.execute_script(_ATTEMPTS)) and len(r) == 2 and r)
+    assert [row[:6] for row in rows] == expected
+    page.find_element(By.ID, "detail-close").click()
+    assert not page.find_element(By.ID, "detail").is_displayed()
+    assert "#prompt=" not in page.current_url

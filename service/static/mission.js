@@ -11,6 +11,7 @@ import { $, API, announce, api, el, setConnection, setupSession } from "./api.js
 import { countLater, setupFilters, shows } from "./filters.js";
 import { setServerClock, tell, waitsFor } from "./status.js";
 import { answerNode, collapsible, short } from "./text.js";
+import { detailView } from "./details.js";
 import { threadView } from "./thread.js";
 
 const POLL_MS = 2000;
@@ -29,6 +30,7 @@ const opened = new Set();  // long texts the viewer expanded ("prompt:<id>", "an
 const partials = new Map(); // job_id -> {attempt, text}: a streamed attempt's text so far
 const catching = new Set(); // jobs whose partial_text is being read
 const thread = threadView({ itemOf, childrenOf, drops, stateClass: STATE_CLASS });
+const details = detailView({ drops });
 let cursor = null;
 let lastEventId = null;
 let olderBefore = null;
@@ -72,6 +74,8 @@ function renderDrop(item) {
     actions.append(el("button", { type: "button", class: "continue quiet", text: "Continue",
       "aria-label": `Continue “${short(item.text, 30)}”`, onclick: () => continueThread(item) }));
   }
+  actions.append(el("a", { class: "details", href: `#prompt=${item.prompt_id}`, text: "Details",
+    "aria-label": `Details of “${short(item.text, 30)}”` }));
   if (item.parent_id || childrenOf(item.prompt_id).length) {
     actions.append(el("button", { type: "button", class: "thread-open quiet", text: "Thread",
       "aria-label": `Thread of “${short(item.text, 30)}”`, onclick: () => thread.show(item.prompt_id) }));
@@ -142,7 +146,10 @@ function merge(item) {
   renderDrop(items.get(item.prompt_id));
   const parent = item.parent_id && itemOf(item.parent_id);
   if (parent) renderDrop(parent);
-  if (before && before.state !== item.state) tell(items.get(item.prompt_id));
+  if (before && before.state !== item.state) {
+    tell(items.get(item.prompt_id));
+    details.refresh(item.prompt_id);
+  }
   thread.refresh();
 }
 
@@ -448,6 +455,7 @@ async function begin() {
   }
   openStream();
   watchServer();
+  details.fromAddress();
 }
 
 setupFilters(() => {
@@ -460,7 +468,9 @@ $("text").addEventListener("keydown", (event) => {
 $("parent-clear").addEventListener("click", clearParent);
 $("older").addEventListener("click", loadOlder);
 $("thread-close").addEventListener("click", () => thread.close());
+$("detail-close").addEventListener("click", () => details.close());
+window.addEventListener("hashchange", () => details.fromAddress());
 document.addEventListener("keydown", (event) => {
-  if (event.key === "Escape") thread.close();
+  if (event.key === "Escape") { thread.close(); details.close(); }
 });
 setupSession(begin);
