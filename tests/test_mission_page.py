@@ -25,9 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from psycopg_pool import ConnectionPool
-from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -39,7 +37,8 @@ from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
 from tests.axe import serious_violations
-from tests.helpers import REPO, fetch_one, free_port, require_tool
+from tests.browser import chromium
+from tests.helpers import REPO, fetch_one, free_port
 from tests.processes import gunicorn, run_process
 
 # NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
@@ -47,7 +46,6 @@ from tests.processes import gunicorn, run_process
 pytestmark = pytest.mark.xdist_group("mission_page")
 
 API = "/sa-core/v1"
-BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
 
 WAIT = 30.0
 """Seconds any page state is waited for; the page is polled every 50 ms, never slept on."""
@@ -101,20 +99,8 @@ def worker(mission_settings: Settings, fake: FakeProvider) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    """Debian's Chromium through Debian's chromedriver, never a browser Selenium would download."""
-    chromium = require_tool("chromium", install=BROWSER_PACKAGES)
-    chromedriver = require_tool("chromedriver", install=BROWSER_PACKAGES)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--window-size=1280,900",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
-    yield driver
-    driver.quit()
+    with chromium(tmp_path_factory.mktemp("chromium")) as driver:
+        yield driver
 
 
 @pytest.fixture
@@ -840,7 +826,8 @@ def test_axe_finds_no_serious_violation_on_the_page_in_its_main_states(
     until(page, lambda d: (x := drop(d, "answers with code\n\n```\nprint(1)\n```"))
           and x["state"] == "succeeded")
     assert serious_violations(page) == [], "drops queued, failed and succeeded"
-    page.find_element(By.CSS_SELECTOR, "#field .drop.is-orphan a.details").click()
+    until(page, lambda d: d.find_element(By.CSS_SELECTOR, "#field .drop.is-orphan a.details").click()
+          or True)
     until(page, lambda d: d.execute_script(_ATTEMPTS))
     assert serious_violations(page) == [], "a prompt's details"
     page.find_element(By.ID, "detail-close").click()
@@ -863,7 +850,9 @@ def test_a_prompts_details_show_every_attempt_and_have_an_address_of_their_own(
     text = f"flaky once {uuid.uuid4().hex[:6]} [fake:flaky=1]"
     prompt_id = viewer.submit(text, options={"temperature": 0.5})["prompt_id"]
     drop_in(page, text, "succeeded")
-    page.find_element(By.CSS_SELECTOR, f'#field .drop[data-prompt-id="{prompt_id}"] a.details').click()
+    # NOTE: an event may draw the drop anew between finding its link and clicking it.
+    until(page, lambda d: d.find_element(
+        By.CSS_SELECTOR, f'#field .drop[data-prompt-id="{prompt_id}"] a.details').click() or True)
     # NOTE: the model the worker called (its SA_PROVIDER_MODEL), as the ledger has it.
     model = fetch_one(mission_pool, "SELECT model FROM sa_ledger l JOIN sa_job j ON j.id = l.job_id "
                                     "WHERE j.prompt_id = %s LIMIT 1", prompt_id)["model"]

@@ -16,9 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from psycopg_pool import ConnectionPool
-from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -28,13 +26,13 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token
 from jobqueue.devtools.embedded_db import scratch_database
 from tests.axe import serious_violations
-from tests.helpers import fetch_one, require_tool
+from tests.browser import chromium
+from tests.helpers import fetch_one
 from tests.processes import gunicorn
 
 pytestmark = pytest.mark.xdist_group("ops_console_page")
 
 API = "/sa-core/v1"
-BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
 WAIT = 30.0
 
 
@@ -61,18 +59,8 @@ def web(ops_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    chromium = require_tool("chromium", install=BROWSER_PACKAGES)
-    chromedriver = require_tool("chromedriver", install=BROWSER_PACKAGES)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,900",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
-    yield driver
-    driver.quit()
+    with chromium(tmp_path_factory.mktemp("chromium")) as driver:
+        yield driver
 
 
 @pytest.fixture
