@@ -74,12 +74,12 @@ function renderDrop(item) {
     actions.append(el("button", { type: "button", class: "continue quiet", text: "Continue",
       "aria-label": `Continue “${short(item.text, 30)}”`, onclick: () => continueThread(item) }));
   }
-  actions.append(el("a", { class: "details", href: `#prompt=${item.prompt_id}`, text: "Details",
-    "aria-label": `Details of “${short(item.text, 30)}”` }));
   if (item.parent_id || childrenOf(item.prompt_id).length) {
     actions.append(el("button", { type: "button", class: "thread-open quiet", text: "Thread",
       "aria-label": `Thread of “${short(item.text, 30)}”`, onclick: () => thread.show(item.prompt_id) }));
   }
+  actions.append(el("a", { class: "details", href: `#prompt=${item.prompt_id}`, text: "Details",
+    "aria-label": `Details of “${short(item.text, 30)}”` }));
   // NOTE: a running attempt shows no error: the one kept in the item belongs to an earlier attempt.
   const why = item.state === "queued" ? waitsFor(item) : null;
   const error = item.error_kind && item.state !== "succeeded" && item.state !== "running"
