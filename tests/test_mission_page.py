@@ -492,7 +492,17 @@ def test_a_queued_prompt_says_why_it_waits_with_a_countdown_that_moves(
     until(page, lambda d: d.execute_script(why, later) != start, timeout=5)
     moved = int(re.findall(r"\d+", page.execute_script(why, later))[0])
     assert moved < int(re.findall(r"\d+", start)[0])
-    assert page.execute_script(why, after) == "waits for an earlier prompt to succeed"
+    assert page.execute_script(why, after) == f"waits for “{later}” to succeed"
+    # NOTE: as a 429 leaves a job: queued again, its attempt kept, until the route's pause ends.
+    throttled = f"throttled {uuid.uuid4().hex[:6]}"
+    put_back = viewer.submit(throttled, delay_seconds=45)
+    with mission_pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET error_kind = 'rate_limit', error_message = 'provider "
+                     "answered 429' WHERE id = %s", (put_back["job_id"],))
+    page.refresh()
+    assert re.fullmatch(r"route throttled, resumes in \d+ s",
+                        until(page, lambda d: d.execute_script(why, throttled)))
+    viewer.cancel(put_back["job_id"])
     viewer.cancel(first["job_id"])
 
 

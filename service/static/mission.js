@@ -81,7 +81,8 @@ function renderDrop(item) {
   actions.append(el("a", { class: "details", href: `#prompt=${item.prompt_id}`, text: "Details",
     "aria-label": `Details of “${short(item.text, 30)}”` }));
   // NOTE: a running attempt shows no error: the one kept in the item belongs to an earlier attempt.
-  const why = item.state === "queued" ? waitsFor(item) : null;
+  const why = item.state === "queued"
+    ? waitsFor(item, (jobId) => [...items.values()].find((i) => i.job_id === jobId)) : null;
   const error = item.error_kind && item.state !== "succeeded" && item.state !== "running"
     ? el("p", { class: "error-text" }, el("strong", { text: item.error_kind }),
       item.error_message ? `: ${item.error_message}` : "")
