@@ -114,6 +114,30 @@ def test_the_explorer_filters_across_orgs_pages_by_keyset_and_links_to_a_jobs_hi
     assert sum(m["succeeded"] for m in minutes) == 0
     measured = [m for m in minutes if m["run_p95"] is not None]
     assert measured and all(m["run_p50"] <= m["run_p95"] for m in measured)
+    # NOTE: the errored transitions of the hour, by kind, as the log holds them: the refused job's
+    # end and the flaky ones' retries and ends.
+    logged = {r["error_kind"]: r["n"] for r in fetch_all(
+        pool, "SELECT error_kind, count(*) AS n FROM sa_job_event WHERE error_kind IS NOT NULL "
+              "GROUP BY 1")}
+    charted: dict[str, int] = {}
+    for m in minutes:
+        for kind, n in m["errors"].items():
+            charted[kind] = charted.get(kind, 0) + n
+    assert charted == logged and {"provider_4xx", "provider_5xx"} <= set(charted)
+
+
+def test_the_charts_count_each_routes_reported_tokens(
+    web: str, pool: ConnectionPool[DictConnection], operator: dict[str, str],
+    workers: WorkerHarness,
+) -> None:
+    user = bearer(create_token(pool, 4, 40))
+    for text in ("count my tokens", "and mine too"):
+        submit(web, user, text)
+    workers.build().run(once=True)
+    reported = fetch_one(pool, "SELECT sum(tokens_in + tokens_out) AS n FROM sa_ledger")["n"]
+    minutes = get(web, operator, "/charts")["minutes"]
+    assert reported > 0
+    assert sum(m["tokens"].get("default", 0) for m in minutes) == reported
 
 
 @pytest.mark.parametrize("params", [

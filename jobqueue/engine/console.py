@@ -161,6 +161,7 @@ def workers(pool: ConnectionPool[DictConnection]) -> list[Row]:
 
 
 def charts(pool: ConnectionPool[DictConnection], since: datetime) -> list[Row]:
-    """Per minute since `since`: jobs enqueued, succeeded and failed, and wait and run p50/p95."""
+    """Per minute since `since`: jobs enqueued, succeeded and failed, wait and run p50/p95, the
+    errors by kind and the reported tokens by route."""
     with pool.connection() as conn:
         return conn.execute(q.JOB_EVENT_PER_MINUTE_SINCE, {"since": since}).fetchall()

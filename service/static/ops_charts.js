@@ -57,8 +57,26 @@ function chart(id, title, minutes, series, format) {
     el("figcaption", {}, `${title}: `, ...legend.flatMap((node, i) => (i ? [", ", node] : [node]))));
 }
 
+// NOTE: one series per key met in the hour (an error kind, a route), the largest first; at most
+// SERIES, so the chart stays readable, each minute without a key a zero.
+const SERIES = 6;
+
+function keyed(minutes, field) {
+  const totals = new Map();
+  for (const m of minutes) {
+    for (const [key, value] of Object.entries(m[field])) totals.set(key, (totals.get(key) || 0) + value);
+  }
+  const keys = [...totals.keys()].sort((a, b) => totals.get(b) - totals.get(a)).slice(0, SERIES);
+  return {
+    points: minutes.map((m) => Object.fromEntries(keys.map((k) => [k, m[field][k] || 0]))),
+    series: keys.map((k) => ({ key: k, label: k })),
+  };
+}
+
 export function renderCharts(minutes) {
   const count = (v) => String(Math.round(v));
+  const errors = keyed(minutes, "errors");
+  const tokens = keyed(minutes, "tokens");
   $("charts").replaceChildren(
     chart("chart-jobs", "Jobs per minute", minutes, [
       { key: "enqueued", label: "enqueued" }, { key: "succeeded", label: "succeeded" },
@@ -66,5 +84,7 @@ export function renderCharts(minutes) {
     chart("chart-wait", "Wait (created to claimed)", minutes, [
       { key: "wait_p50", label: "p50" }, { key: "wait_p95", label: "p95" }], seconds),
     chart("chart-run", "Run (claimed to finished)", minutes, [
-      { key: "run_p50", label: "p50" }, { key: "run_p95", label: "p95" }], seconds));
+      { key: "run_p50", label: "p50" }, { key: "run_p95", label: "p95" }], seconds),
+    chart("chart-errors", "Errors by kind", errors.points, errors.series, count),
+    chart("chart-tokens", "Tokens by route", tokens.points, tokens.series, count));
 }

@@ -179,13 +179,15 @@ SELECT worker_claim AS worker_id, split_part(worker_claim, ':', 1) AS host,
 # sa_job_event_at_brin (at) (0002_archive.sql), each measured event's predecessor by
 # sa_job_event_job_idx (job_id, id). NOTE: `paired` and its filter are sa_job_measured's
 # (jobqueue/sql/functions/sa_job_measured.sql), which does not return when a measure was taken;
-# the two must say the same.
+# the two must say the same. Also per minute: the transitions that carried an error, by its kind
+# (`errors`), and the tokens the provider reported, by route (`tokens`, from the ledger's rows of
+# the hour: sa_ledger_created_brin (created_at), 0013_llm_routes.sql).
 JOB_EVENT_PER_MINUTE_SINCE = """
 WITH minutes AS (
     SELECT generate_series(date_trunc('minute', %(since)s::timestamptz), date_trunc('minute', now()),
                            interval '1 minute') AS minute
 ), window_events AS (
-    SELECT e.id, e.job_id, e.from_state, e.to_state, e.attempt, e.at
+    SELECT e.id, e.job_id, e.from_state, e.to_state, e.attempt, e.error_kind, e.at
       FROM sa_job_event e
      WHERE e.at >= %(since)s::timestamptz
 ), counts AS (
@@ -225,11 +227,31 @@ WITH minutes AS (
                AS run_p95
       FROM measured
      GROUP BY minute
+), errors AS (
+    SELECT minute, jsonb_object_agg(error_kind, n) AS errors
+      FROM (SELECT date_trunc('minute', at) AS minute, error_kind, count(*) AS n
+              FROM window_events
+             WHERE error_kind IS NOT NULL
+             GROUP BY 1, 2) k
+     GROUP BY minute
+), tokens AS (
+    SELECT minute, jsonb_object_agg(route, n) AS tokens
+      FROM (SELECT date_trunc('minute', l.created_at) AS minute,
+                   coalesce(l.route, 'default') AS route,
+                   sum(coalesce(l.tokens_in, 0) + coalesce(l.tokens_out, 0)) AS n
+              FROM sa_ledger l
+             WHERE l.created_at >= %(since)s::timestamptz
+             GROUP BY 1, 2
+            HAVING sum(coalesce(l.tokens_in, 0) + coalesce(l.tokens_out, 0)) > 0) t
+     GROUP BY minute
 )
 SELECT m.minute, coalesce(c.enqueued, 0) AS enqueued, coalesce(c.succeeded, 0) AS succeeded,
-       coalesce(c.failed, 0) AS failed, l.wait_p50, l.wait_p95, l.run_p50, l.run_p95
+       coalesce(c.failed, 0) AS failed, l.wait_p50, l.wait_p95, l.run_p50, l.run_p95,
+       coalesce(er.errors, '{}'::jsonb) AS errors, coalesce(t.tokens, '{}'::jsonb) AS tokens
   FROM minutes m
   LEFT JOIN counts c USING (minute)
   LEFT JOIN latency l USING (minute)
+  LEFT JOIN errors er USING (minute)
+  LEFT JOIN tokens t USING (minute)
  ORDER BY m.minute
 """
