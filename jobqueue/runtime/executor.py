@@ -7,11 +7,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 import structlog
-from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
 from jobqueue.core.attempt import CallFailed, CallRecord, CallSucceeded, CallThrottled
-from jobqueue.core.db import DictConnection
 from jobqueue.core.policy import BackoffConfig, ErrorKind
 from jobqueue.core.routes import Route
 from jobqueue.core.states import JobState
@@ -21,7 +19,7 @@ from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.provider_answer import ProviderFailure
 from jobqueue.runtime.run_control import CallAbandoned, RunControl
-from jobqueue.runtime.streaming import PartialWriter
+from jobqueue.runtime.streaming import DeltaWriter
 
 __all__ = ["Executor", "Outcome"]
 
@@ -51,8 +49,7 @@ class Executor:
     backoff: BackoffConfig
     gate: RouteGate
     throttle_max_wait: float
-    pool: ConnectionPool[DictConnection]
-    stream_interval: float
+    deltas: DeltaWriter
 
     @staticmethod
     def build_messages(job: ClaimedJob) -> list[dict[str, str]]:
@@ -100,17 +97,22 @@ class Executor:
                 ErrorKind.RATE_LIMIT, f"route {route.name!r} is throttled (no call made)",
                 retry_after=waiting), model, bound, called=False)
         # NOTE: a streamed attempt's text shows while it arrives (GET /jobs, job.output_delta).
-        on_delta = PartialWriter(self.pool, job, self.stream_interval).feed if route.stream else None
+        stream = self.deltas.open(job, control) if route.stream else None
         try:
-            completion = provider.complete(model, messages, on_delta=on_delta, params={
-                name: job.options[name] for name in SENT_OPTIONS if name in job.options},
-                control=control)
+            try:
+                completion = provider.complete(
+                    model, messages, on_delta=None if stream is None else stream.feed,
+                    params={name: job.options[name] for name in SENT_OPTIONS if name in job.options},
+                    control=control)
+            finally:
+                # NOTE: before any finalize, which deletes the job's rows: a write under way
+                # ends first.
+                if stream is not None:
+                    stream.close()
         except CallAbandoned:
             # NOTE: whoever abandoned the run (worker.py) logged it; a stream's write finding the
-            # job gone is logged here, once.
-            if control is None or not control.abandoned:
-                if control is not None:
-                    control.abandon()
+            # job gone (which abandons the control, cutting the call) is logged here.
+            if stream is not None and stream.lost:
                 bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
             return Outcome.ABANDONED
         except ProviderFailure as failure:
