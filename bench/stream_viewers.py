@@ -108,15 +108,24 @@ def _web_worker_pid(master_pid: int) -> int:
 
 
 async def _post_all(base: str, tokens: list[str]) -> None:
-    """One prompt per user, 20 requests at a time."""
+    """One prompt per user, 20 requests at a time; a request whose connection broke is sent
+    again with the same Idempotency-Key (gunicorn closes idle keep-alive connections after 2 s)."""
     gate = asyncio.Semaphore(20)
-    async with httpx.AsyncClient(base_url=base, timeout=60) as http:
+    limits = httpx.Limits(keepalive_expiry=1.0)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
 
         async def post(n: int, token: str) -> None:
+            headers = {"Authorization": f"Bearer {token}", "Idempotency-Key": f"viewer-{n}"}
             async with gate:
-                response = await http.post("/sa-core/v1/prompt", json={"text": f"viewer {n}"},
-                                           headers={"Authorization": f"Bearer {token}"})
-                if response.status_code != 202:
+                for attempt in range(3):
+                    try:
+                        response = await http.post("/sa-core/v1/prompt", headers=headers,
+                                                   json={"text": f"viewer {n}"})
+                        break
+                    except httpx.TransportError:
+                        if attempt == 2:
+                            raise
+                if response.status_code not in (200, 202):
                     raise SystemExit(f"POST /prompt answered {response.status_code}: {response.text}")
 
         await asyncio.gather(*(post(n, token) for n, token in enumerate(tokens)))
