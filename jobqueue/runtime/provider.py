@@ -12,7 +12,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
@@ -34,6 +34,7 @@ from jobqueue.runtime.provider_answer import (
     parse_answer,
     unreadable,
 )
+from jobqueue.runtime.provider_stream import ChunkedLines
 from jobqueue.runtime.provider_transport import (
     Connection,
     DeadlineHTTPConnection,
@@ -257,11 +258,8 @@ class Provider:
         last: dict[str, Any] = {}
         usage: dict[str, Any] = {}
         finished = False
-        seen = 0
-        while line := response.readline(self._max_bytes + 1 - seen):
-            seen += len(line)
-            if seen > self._max_bytes:
-                raise TooLarge(response.status)
+        chunked = ChunkedLines(response, self._max_bytes) if response.chunked else None
+        for line in chunked if chunked is not None else self._lines(response):
             if not line.startswith(b"data:"):
                 continue
             data = line[5:].strip()
@@ -285,8 +283,19 @@ class Provider:
             raise ProviderFailure(ErrorKind.UNKNOWN,
                                   "provider stream ended before its last chunk (cut short)",
                                   http_status=response.status, latency_ms=elapsed_ms(started))
+        if chunked is not None:
+            chunked.finish()
         return completion_from(last, "".join(parts), usage, model, response.status,
                            elapsed_ms(started))
+
+    def _lines(self, response: http.client.HTTPResponse) -> Iterator[bytes]:
+        """A streamed body that is not chunked (a length, or the server's close), line by line."""
+        seen = 0
+        while line := response.readline(self._max_bytes + 1 - seen):
+            seen += len(line)
+            if seen > self._max_bytes:
+                raise TooLarge(response.status)
+            yield line
 
     def _connection(self, deadline: float) -> Connection:
         """This job's connection; a new one when there is none or the server has closed it."""

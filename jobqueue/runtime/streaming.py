@@ -200,14 +200,15 @@ class DeltaWriter:
             self._put_back(items)
             raise
         self.writes += 1
-        self.rows += len(rows)
-        written: set[uuid.UUID] = {row["job_id"] for row in rows}
-        for stream, _offset, _text in items:
-            if stream.job.id not in written:
-                stream.lost = True
-                if stream.control is not None:
-                    stream.control.abandon()
+        self.rows += len(items) - len(rows)
         if rows:
+            lost: set[uuid.UUID] = {row["job_id"] for row in rows}
+            for stream, _offset, _text in items:
+                if stream.job.id in lost:
+                    stream.lost = True
+                    if stream.control is not None:
+                        stream.control.abandon()
+        if len(rows) < len(items):
             wakeup.for_pool(self._pool).job_changed()
 
     def _put_back(self, items: list[tuple[JobStream, int, str]]) -> None:

@@ -7,20 +7,27 @@ __all__ = ["JOB_DELTA_APPEND_MANY_IF_CLAIMED", "JOB_DELTA_LIST_AFTER", "JOB_DELT
 # and sa_job_delta_pkey (seq) with sa_job_delta_job_idx for the inserts. One worker's writes of
 # every streaming job for one interval: given as parallel arrays, one element per job with text
 # pending, each written only while its job is still running under this claim and attempt. The
-# answer is the ids written; a job missing from it was cancelled or taken away, and the worker
-# stops its provider call at once.
+# answer is the jobs NOT written: each was cancelled or taken away, and the worker stops its
+# provider call at once.
 # PERF: one statement (one round trip, one commit) per worker per interval, however many jobs
-# stream; a row costs what it holds, never the answer so far.
+# stream; a row costs what it holds, never the answer so far. The arrays go in binary (`%(..)b`:
+# no quoting of each text element) and the answer is usually empty (no row to build per job).
 JOB_DELTA_APPEND_MANY_IF_CLAIMED = """
-INSERT INTO sa_job_delta (job_id, attempt, "offset", prompt_id, org_id, created_by, text)
-SELECT j.id, j.attempt, d.text_offset, j.prompt_id, j.org_id, j.created_by, d.text
-  FROM unnest(%(job_id)s::uuid[], %(claim)s::text[], %(attempt)s::int[], %(offset)s::int[],
-              %(text)s::text[]) AS d(job_id, claim, attempt, text_offset, text)
-  JOIN sa_job j ON j.id = d.job_id
- WHERE j.state IS NOT DISTINCT FROM 'running'
-   AND j.worker_claim = d.claim
-   AND j.attempt = d.attempt
-RETURNING job_id
+WITH d AS (
+    SELECT *
+      FROM unnest(%(job_id)b::uuid[], %(claim)b::text[], %(attempt)b::int[], %(offset)b::int[],
+                  %(text)b::text[]) AS d(job_id, claim, attempt, text_offset, text)
+), written AS (
+    INSERT INTO sa_job_delta (job_id, attempt, "offset", prompt_id, org_id, created_by, text)
+    SELECT j.id, j.attempt, d.text_offset, j.prompt_id, j.org_id, j.created_by, d.text
+      FROM d
+      JOIN sa_job j ON j.id = d.job_id
+     WHERE j.state IS NOT DISTINCT FROM 'running'
+       AND j.worker_claim = d.claim
+       AND j.attempt = d.attempt
+    RETURNING job_id
+)
+SELECT d.job_id FROM d WHERE NOT EXISTS (SELECT 1 FROM written w WHERE w.job_id = d.job_id)
 """
 
 # served by sa_job_delta_pkey (seq): a hub's keyset page of the writes since its last look.
