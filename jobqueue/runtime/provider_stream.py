@@ -1,118 +1,331 @@
-"""A streamed answer's body as lines: chunked transfer undone here, one read per arrival.
+"""Streamed answers read cheaply: chunked transfer undone here, and one loop reading them all.
 
-PERF: a streamed answer comes as many small chunks (one per token or word), and http.client's
-readline on a chunked body costs several Python calls per line (peek, chunk bookkeeping, read)
-plus a blocking look for the next chunk's size line. Reading the response's buffer with `read1`
-takes whatever arrived in one call, and the framing is undone with bytes operations. Its end is
-found too: when the terminating chunk came with the last event, the response is complete and
-its connection serves the next call (http.client left it unread, so the connection was dropped
-after every streamed answer).
+PERF: a streamed answer comes as many small chunks (a word or a few tokens each), so what a chunk
+costs to read is paid twenty or a thousand times per call. Two costs are cut:
+- http.client's readline on a chunked body costs several Python calls per line (peek, chunk
+  bookkeeping, read); `ChunkedBody` takes whatever arrived in one read and undoes the framing
+  with bytes operations. It also finds the body's end, so when the terminating chunk came with
+  the last event the connection serves the next call (http.client left it unread, and the
+  connection was dropped after every streamed answer).
+- a job thread blocked on its socket is woken once per chunk; under gevent a wake-up (the
+  watcher, the timeout, two greenlet switches) cost more than everything else the chunk needs.
+  `StreamPoller` reads every streamed body of the process in one loop instead: each
+  `tick` it asks epoll, without blocking, which sockets have something, reads those, and hands
+  their lines to their calls' handlers; the job thread sleeps until its body ends. A chunk
+  then waits at most `tick` (10 ms), well within the SA_STREAM_INTERVAL its text waits anyway.
 """
 
 from __future__ import annotations
 
 import http.client
+import io
+import json
+import select
+import threading
+import time
 from collections import deque
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
-from jobqueue.runtime.provider_answer import TooLarge
+from jobqueue.runtime.provider_answer import TooLarge, check_storable, unreadable
+from jobqueue.runtime.provider_transport import DeadlineReader
 
-__all__ = ["ChunkedLines"]
+__all__ = ["ChunkedBody", "StreamPoller", "StreamedAnswer", "poller"]
 
 _READ = 65536
 # NOTE: a chunk-size line is a hex number with optional extensions: far below this.
 _MAX_SIZE_LINE = 4096
+_DECODER = json.JSONDecoder()
 
 
-class ChunkedLines:
-    """The lines of a chunked response body (without their line ends), read as they arrive.
+class ChunkedBody:
+    """A chunked response body, undone into lines (without their line ends) as data comes.
 
-    Iterating ends at the terminating chunk, or when the connection ends first (a cut stream:
-    the caller sees no end-of-answer marker). `finish` after the caller's last line marks the
-    response complete when the rest of the body is already here.
+    `push` takes what arrived; `lines` holds the whole lines found; `ended` is set at the
+    terminating chunk. Iterating reads the response itself (blocking) and yields the lines up
+    to the end, or until the connection ends first (a cut stream: the caller sees no
+    end-of-answer marker). `finish` after the caller's last line marks the response complete
+    when the rest of the body has already arrived.
 
-    Raises (while iterating):
+    Raises (push, iterating):
         TooLarge: the body passed `limit` bytes.
         http.client.IncompleteRead: the chunked framing is broken.
     """
 
     def __init__(self, response: http.client.HTTPResponse, limit: int) -> None:
         assert response.fp is not None
-        self._response = response
-        self._fp = response.fp
+        self.response = response
+        self.fp: io.BufferedReader = response.fp
+        self.lines: deque[bytes] = deque()
+        self.ended = False
         self._limit = limit
         self._seen = 0
         self._raw = b""
         self._partial = b""
-        self._lines: deque[bytes] = deque()
-        self._ended = False
-        self._running: Generator[bytes, None, None] | None = None
+
+    def push(self, data: bytes) -> None:
+        """Takes bytes of the body; an empty `data` is its end (the connection closed)."""
+        if not data:
+            self.close_partial()
+            return
+        self._seen += len(data)
+        if self._seen > self._limit:
+            raise TooLarge(self.response.status)
+        raw, partial, lines = self._raw + data, self._partial, self.lines
+        while True:
+            head = raw.find(b"\r\n")
+            if head < 0:
+                if len(raw) > _MAX_SIZE_LINE:
+                    raise http.client.IncompleteRead(raw[:64])
+                break
+            size = _chunk_size(raw[:head])
+            if size == 0:
+                # NOTE: the last chunk; the trailer section ends with an empty line.
+                self.ended = raw.find(b"\r\n\r\n", head) >= 0
+                break
+            end = head + 2 + size
+            if len(raw) < end + 2:
+                break
+            *more, partial = (partial + raw[head + 2:end]).split(b"\n")
+            lines.extend(more)
+            raw = raw[end + 2:]
+        self._raw, self._partial = raw, partial
+        if self.ended:
+            self.close_partial()
+
+    def close_partial(self) -> None:
+        """Hands out a last line that had no line end."""
+        if self._partial:
+            self.lines.append(self._partial)
+            self._partial = b""
 
     def __iter__(self) -> Iterator[bytes]:
-        self._running = self._run()
-        return self._running
-
-    def _run(self) -> Generator[bytes, None, None]:
-        # PERF: one loop with local names: it runs once per arrival of every streamed answer.
-        raw, partial, lines = self._raw, self._partial, self._lines
-        read, limit, seen = self._fp.read1, self._limit, self._seen
-        try:
-            while True:
+        lines = self.lines
+        while True:
+            while lines:
+                yield lines.popleft()
+            if self.ended:
+                return
+            data = self.fp.read1(_READ)
+            self.push(data)
+            if not data:
                 while lines:
                     yield lines.popleft()
-                head = raw.find(b"\r\n")
-                if head >= 0:
-                    size = _chunk_size(raw[:head])
-                    end = head + 2 + size
-                    if size == 0:
-                        # NOTE: the last chunk; the trailer section ends with an empty line.
-                        if raw.find(b"\r\n\r\n", head) >= 0:
-                            self._ended = True
-                            break
-                    elif len(raw) >= end + 2:
-                        *more, partial = (partial + raw[head + 2:end]).split(b"\n")
-                        lines.extend(more)
-                        raw = raw[end + 2:]
-                        continue
-                elif len(raw) > _MAX_SIZE_LINE:
-                    raise http.client.IncompleteRead(raw[:64])
-                data = read(_READ)
-                if not data:
-                    break
-                seen += len(data)
-                if seen > limit:
-                    raise TooLarge(self._response.status)
-                raw += data
-            if partial:
-                yield partial
-                partial = b""
-        finally:
-            self._raw, self._partial, self._seen = raw, partial, seen
+                return
 
     def finish(self) -> None:
         """Marks the response complete (its connection reusable) when only blank lines and the
-        terminating chunk are left of it and have already arrived; else leaves it (the caller
-        then drops the connection)."""
-        if self._running is not None:
-            # NOTE: its state is saved as it closes.
-            self._running.close()
-        raw = self._raw
-        while not self._ended:
-            head = raw.find(b"\r\n")
-            if head < 0:
-                return
-            size = _chunk_size(raw[:head])
-            if size == 0:
-                self._ended = raw.find(b"\r\n\r\n", head) >= 0
-                if not self._ended:
+        terminating chunk were left of it and have arrived; else leaves it (the caller then
+        drops the connection)."""
+        if self.ended and not any(line.strip() for line in self.lines):
+            self.response.close()
+
+
+class StreamedAnswer:
+    """What OpenAI's server-sent chunks add up to: the text (each piece passed on as it comes),
+    the last chunk and the usage, and whether the answer ended (`data: [DONE]`, or a chunk's
+    `finish_reason`)."""
+
+    __slots__ = ("finished", "last", "on_delta", "parts", "started", "status", "usage")
+
+    def __init__(self, on_delta: Callable[[str], None], status: int, started: float) -> None:
+        self.on_delta = on_delta
+        self.status = status
+        self.started = started
+        self.parts: list[str] = []
+        self.last: dict[str, Any] = {}
+        self.usage: dict[str, Any] = {}
+        self.finished = False
+
+    def line(self, line: bytes) -> bool:
+        """Takes one line of the body; True at `data: [DONE]` (nothing more is read).
+
+        Raises:
+            ProviderFailure: a chunk that is not a chunk (`parse`).
+            CallAbandoned: from on_delta (the job was taken away).
+        """
+        if not line.startswith(b"data:"):
+            return False
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            self.finished = True
+            return True
+        try:
+            chunk: Any = _DECODER.decode(data.decode())
+            choice = (chunk.get("choices") or [{}])[0]
+            delta = choice.get("delta", {}).get("content") or ""
+            if not isinstance(delta, str):
+                raise TypeError("delta content is not a string")
+            check_storable(delta)
+        except (ValueError, LookupError, TypeError, AttributeError) as exc:
+            raise unreadable(exc, data, self.status,
+                             round((time.monotonic() - self.started) * 1000)) from exc
+        self.last, self.usage = chunk, chunk.get("usage") or self.usage
+        self.finished = self.finished or bool(choice.get("finish_reason"))
+        if delta:
+            self.parts.append(delta)
+            self.on_delta(delta)
+        return False
+
+
+class _Reading:
+    """One body the poller reads, and how its call learns that it ended."""
+
+    __slots__ = ("body", "done", "error", "fd", "handle", "last", "reader")
+
+    def __init__(self, body: ChunkedBody, reader: DeadlineReader,
+                 handle: Callable[[bytes], bool]) -> None:
+        self.body = body
+        self.reader = reader
+        self.handle = handle
+        self.fd = reader.fd
+        self.last = time.monotonic()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
+class StreamPoller:
+    """Reads the chunked bodies of many streamed calls in one loop (one per process).
+
+    `read` blocks its caller until the body ended (its terminating chunk, the handler's
+    True, the connection's end) or failed, as a read in the caller's thread would, and raises
+    what reading or the handler raised; TimeoutError past the call's deadline or its idle
+    bound (checked every `check` seconds).
+    """
+
+    def __init__(self, epoll: Any, tick: float = 0.01, check: float = 0.25) -> None:
+        self._epoll = epoll
+        self._tick = tick
+        self._check = check
+        self._lock = threading.Lock()
+        self._added: list[_Reading] = []
+        self._readings: dict[int, _Reading] = {}
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def read(self, body: ChunkedBody, handle: Callable[[bytes], bool]) -> None:
+        """Reads `body` to its end, handing each line to `handle` (in the poller's thread).
+
+        Raises:
+            TimeoutError: the call's deadline or idle bound passed.
+            Exception: whatever a read or `handle` raised.
+        """
+        reader = body.fp.raw
+        assert isinstance(reader, DeadlineReader)
+        reading = _Reading(body, reader, handle)
+        reader.poll_mode(True)
+        try:
+            with self._lock:
+                self._added.append(reading)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="sa-stream-poller",
+                                                    daemon=True)
+                    self._thread.start()
+            self._wake.set()
+            reading.done.wait()
+        finally:
+            reader.poll_mode(False)
+        if reading.error is not None:
+            raise reading.error
+
+    def _run(self) -> None:
+        next_check = time.monotonic() + self._check
+        while True:
+            with self._lock:
+                added, self._added = self._added, []
+            for reading in added:
+                self._readings[reading.fd] = reading
+                self._epoll.register(reading.fd, select.EPOLLIN)
+                # NOTE: what http.client's buffer already holds raises no event.
+                self._drain(reading, polled=False)
+            if not self._readings:
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            for fd, _mask in self._epoll.poll(0):
+                ready = self._readings.get(fd)
+                if ready is not None:
+                    self._drain(ready, polled=True)
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + self._check
+                self._expire(now)
+            # NOTE: never a blocking epoll wait: under gevent it would stop every greenlet.
+            self._wake.wait(self._tick)
+            self._wake.clear()
+
+    def _drain(self, reading: _Reading, polled: bool) -> None:
+        """Reads what arrived for `reading` and hands on its lines; ends it at its end."""
+        body, handle = reading.body, reading.handle
+        try:
+            first = True
+            while True:
+                data = body.fp.read1(_READ)
+                if not data:
+                    if reading.reader.blocked or not (first and polled):
+                        return
+                    body.push(b"")
+                    while body.lines:
+                        handle(body.lines.popleft())
+                    self._end(reading)
                     return
-            elif len(raw) >= head + 4 + size:
-                self._lines.extend((self._partial + raw[head + 2:head + 2 + size]).split(b"\n"))
-                self._partial, raw = b"", raw[head + 4 + size:]
-            else:
-                return
-        if not self._partial.strip() and not any(line.strip() for line in self._lines):
-            self._response.close()
+                first = False
+                reading.last = time.monotonic()
+                body.push(data)
+                while body.lines:
+                    if handle(body.lines.popleft()):
+                        self._end(reading)
+                        return
+                if body.ended:
+                    self._end(reading)
+                    return
+                if len(data) < _READ and not reading.reader.tls:
+                    # PERF: the socket is empty (a read that would wait costs an exception);
+                    # epoll tells when more comes.
+                    return
+        except Exception as exc:
+            reading.error = exc
+            self._end(reading)
+
+    def _expire(self, now: float) -> None:
+        for reading in list(self._readings.values()):
+            idle = reading.reader.idle_timeout
+            if now >= reading.reader.deadline or (idle and now - reading.last >= idle):
+                reading.error = TimeoutError("the call's deadline or idle bound has passed")
+                self._end(reading)
+
+    def _end(self, reading: _Reading) -> None:
+        if self._readings.pop(reading.fd, None) is not None:
+            self._epoll.unregister(reading.fd)
+        reading.done.set()
+
+
+_POLLER: StreamPoller | None = None
+_POLLER_LOCK = threading.Lock()
+
+
+def poller() -> StreamPoller | None:
+    """The process's poller (started on first use), or None where epoll is missing."""
+    global _POLLER
+    with _POLLER_LOCK:
+        if _POLLER is None:
+            epoll = _original_epoll()
+            if epoll is None:
+                return None
+            _POLLER = StreamPoller(epoll)
+        return _POLLER
+
+
+def _original_epoll() -> Any:
+    """A real epoll (gevent's patching removes select.epoll; the loop never blocks on it)."""
+    try:
+        from gevent import monkey
+        if monkey.is_module_patched("select"):
+            return monkey.get_original("select", "epoll")()
+    except ImportError:
+        pass
+    factory = getattr(select, "epoll", None)
+    return None if factory is None else factory()
 
 
 def _chunk_size(line: bytes) -> int:
