@@ -156,9 +156,9 @@ class DeltaWriter:
                 # asked again every interval.
                 self._last_write += _RETRY_PAUSE
             if self._stopping.is_set():
-                with self._lock:
-                    if not self._dirty:
-                        return
+                # NOTE: one last round at close; what it could not write is worthless by then
+                # (the calls are over).
+                return
 
     def _write_round(self) -> None:
         """Writes what every queued stream received since its previous write."""
@@ -176,7 +176,11 @@ class DeltaWriter:
                 stream.flight = flight
         try:
             for start in range(0, len(items), _MAX_BATCH):
-                self._write(items[start:start + _MAX_BATCH])
+                try:
+                    self._write(items[start:start + _MAX_BATCH])
+                except Exception:
+                    self._put_back(items[start:])
+                    raise
         finally:
             with self._lock:
                 for stream, _offset, _text in items:
@@ -193,12 +197,8 @@ class DeltaWriter:
             params["attempt"].append(stream.job.attempt)
             params["offset"].append(offset)
             params["text"].append(text)
-        try:
-            with self._pool.connection() as conn:
-                rows = conn.execute(q.JOB_DELTA_APPEND_MANY_IF_CLAIMED, params).fetchall()
-        except Exception:
-            self._put_back(items)
-            raise
+        with self._pool.connection() as conn:
+            rows = conn.execute(q.JOB_DELTA_APPEND_MANY_IF_CLAIMED, params).fetchall()
         self.writes += 1
         self.rows += len(items) - len(rows)
         if rows:
