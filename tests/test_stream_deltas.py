@@ -84,9 +84,9 @@ def test_streaming_jobs_append_only_their_new_text_in_one_statement_per_interval
         job["partial_text"])
     # A row holds what arrived within one interval, never the text before it.
     assert _contiguous(rows) and len(rows) > JOBS
-    # One statement wrote the new text of several jobs: 6 jobs of 32 pieces over ~1 s each,
-    # written at most every 0.1 s.
-    assert deltas.rows >= 3 * JOBS and deltas.writes * 2 <= deltas.rows, (deltas.writes, deltas.rows)
+    # Statements wrote the new text of several jobs at once: 6 jobs of 32 pieces over ~1 s
+    # each, written at most every 0.1 s (a statement per job and write would make them equal).
+    assert deltas.rows >= 2 * JOBS and deltas.writes < deltas.rows, (deltas.writes, deltas.rows)
     # The finalize deleted every job's rows.
     assert fetch_all(pool, ROWS, jobs) == []
 
