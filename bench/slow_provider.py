@@ -1,6 +1,7 @@
 """An OpenAI-shaped provider that answers every call after a fixed delay, holding thousands at once.
 
 Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0] [--stream 0]
+       [--chunk-chars 0]
 
 A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
 2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
@@ -38,7 +39,7 @@ _RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: 
 _STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
                 b"Transfer-Encoding: chunked\r\n\r\n")
 _CHUNK = ('{"id":"chatcmpl-bench","object":"chat.completion.chunk","model":"bench-model",'
-          '"choices":[{"index":0,"delta":{"content":"<%.6f>"},"finish_reason":null}]}')
+          '"choices":[{"index":0,"delta":{"content":"%s<%.6f>"},"finish_reason":null}]}')
 _LAST = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","model":"bench-model",'
          b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
          b'"usage":{"prompt_tokens":12,"completion_tokens":20,"total_tokens":32}}\n\n'
@@ -55,9 +56,10 @@ class ProviderProtocol(asyncio.Protocol):
     answered = 0
     connections = 0
 
-    def __init__(self, latency: float, stream: int = 0) -> None:
+    def __init__(self, latency: float, stream: int = 0, padding: str = "") -> None:
         self._latency = latency
         self._stream = stream
+        self._padding = padding
         self._buffer = b""
         self._transport: asyncio.Transport | None = None
 
@@ -94,7 +96,7 @@ class ProviderProtocol(asyncio.Protocol):
         """Writes the n-th of the streamed answer's chunks (and the end after the last)."""
         if self._transport is None or self._transport.is_closing():
             return
-        event = b"data: " + (_CHUNK % time.time()).encode() + b"\n\n"
+        event = b"data: " + (_CHUNK % (self._padding, time.time())).encode() + b"\n\n"
         if n < self._stream:
             self._transport.write(_chunked(event))
             asyncio.get_running_loop().call_later(self._latency / self._stream, self._chunk, n + 1)
@@ -111,11 +113,12 @@ class ProviderProtocol(asyncio.Protocol):
         self._transport = None
 
 
-async def serve(port: int, latency: float, stream: int = 0) -> None:
+async def serve(port: int, latency: float, stream: int = 0, chunk_chars: int = 0) -> None:
     """Serves until SIGTERM or SIGINT; `stream` > 0 streams answers asked for as a stream."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: ProviderProtocol(latency, stream), "127.0.0.1", port,
-                                      backlog=4096)
+    padding = "." * chunk_chars
+    server = await loop.create_server(lambda: ProviderProtocol(latency, stream, padding),
+                                      "127.0.0.1", port, backlog=4096)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -133,8 +136,10 @@ def main() -> None:
     parser.add_argument("--latency", type=float, default=1.0)
     parser.add_argument("--stream", type=int, default=0,
                         help="chunks per streamed answer (0: every answer is one JSON body)")
+    parser.add_argument("--chunk-chars", type=int, default=0,
+                        help="characters of padding in each streamed chunk")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.latency, args.stream))
+    asyncio.run(serve(args.port, args.latency, args.stream, args.chunk_chars))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Streamed answers delivered to SSE viewers: chunk-to-viewer latency with N viewers, one job each.
 
 Usage: .venv/bin/python -m bench.stream_viewers [--viewers 1000] [--latency 10] [--chunks 20]
-       [--port 8777]
+       [--chunk-chars 0] [--streams-per-viewer 1] [--port 8777]
 
 The Procfile's processes on a scratch database: one gunicorn (gevent) web process, one
 `sa-core run-worker --concurrency N` whose only route streams (`"stream": true`), and
@@ -17,7 +17,9 @@ and the fan-out, the socket. Same host, same clock.
 Printed: p50/p95/p99/max of those samples, how many chunks reached their viewer and how many of
 them only with the final event, and the CPU seconds the web and the worker processes spent over
 the run (from /proc), per job. Target (issue 28): p99 under 250 ms at
-1,000 viewers.
+1,000 viewers. `--chunk-chars N` pads each chunk (before its stamp) for long answers, and
+`--streams-per-viewer K` opens K streams per user (issue 28's other case: one 4.9 MB answer,
+four subscribers: `--viewers 1 --streams-per-viewer 4 --chunk-chars 245000`).
 """
 
 from __future__ import annotations
@@ -145,7 +147,8 @@ async def _post_all(base: str, tokens: list[str]) -> None:
 
 async def measure(args: argparse.Namespace, tokens: list[str], web_pid: int,
                   worker_pid: int) -> list[list[str]]:
-    viewers = [Viewer(args.port, token) for token in tokens]
+    viewers = [Viewer(args.port, token) for token in tokens
+               for _ in range(args.streams_per_viewer)]
     for start in range(0, len(viewers), 50):
         await asyncio.gather(*(v.connect() for v in viewers[start:start + 50]))
     tasks = [asyncio.create_task(v.follow()) for v in viewers]
@@ -167,13 +170,14 @@ async def measure(args: argparse.Namespace, tokens: list[str], web_pid: int,
     for task in tasks:
         task.cancel()
     samples = [lat for v in viewers for lat in v.latencies]
-    jobs = len(viewers)
+    jobs = len(tokens)
     if not samples:
         raise SystemExit("no chunk reached a viewer")
     return [["viewers", "chunks seen", "of sent", "by final", "deltas", "p50 ms", "p95 ms",
              "p99 ms", "max ms", "web CPU s", "web ms/job", "worker CPU s", "worker ms/job",
              "wall s", "POSTs s"],
-            [str(jobs), f"{len(samples):,}", f"{len(samples) / (jobs * args.chunks):.1%}",
+            [str(len(viewers)), f"{len(samples):,}",
+             f"{len(samples) / (len(viewers) * args.chunks):.1%}",
              f"{sum(v.finals for v in viewers):,}", f"{sum(v.deltas for v in viewers):,}",
              f"{percentile(samples, 50):.1f}", f"{percentile(samples, 95):.1f}",
              f"{percentile(samples, 99):.1f}", f"{max(samples):.1f}",
@@ -187,10 +191,13 @@ def main() -> None:
     parser.add_argument("--viewers", type=int, default=1000, help="viewers, one user and one job each")
     parser.add_argument("--latency", type=float, default=10.0, help="seconds each answer takes")
     parser.add_argument("--chunks", type=int, default=20, help="chunks per streamed answer")
+    parser.add_argument("--chunk-chars", type=int, default=0, help="padding per chunk")
+    parser.add_argument("--streams-per-viewer", type=int, default=1,
+                        help="SSE streams each user opens (at most 10, the per-token cap)")
     parser.add_argument("--port", type=int, default=8777)
     args = parser.parse_args()
     print("\n".join(machine_header(admin_conninfo("SA_BENCH_DATABASE_URL"))), flush=True)
-    provider, provider_url = start_slow_provider(args.latency, args.chunks)
+    provider, provider_url = start_slow_provider(args.latency, args.chunks, args.chunk_chars)
     try:
         with scratch_database() as url:
             pool = open_pool(url, name="bench-tokens", max_size=1)
@@ -198,11 +205,12 @@ def main() -> None:
                 tokens = [create_token(pool, 1, user) for user in range(1, args.viewers + 1)]
             finally:
                 pool.close()
-            streams = str(args.viewers + 50)
+            streams = str(args.viewers * args.streams_per_viewer + 50)
             env = {"DATABASE_URL": url, "WEB_CONCURRENCY": "1", "SA_PROVIDER_URL": "",
                    "SA_PROVIDER_ROUTES": json.dumps({"routes": [
                        {"name": "streamed", "base_url": provider_url, "stream": True}]}),
-                   "SA_SSE_MAX_STREAMS": streams, "SA_WEB_CONNECTIONS": str(2 * args.viewers + 200)}
+                   "SA_SSE_MAX_STREAMS": streams,
+                   "SA_WEB_CONNECTIONS": str(2 * args.viewers * args.streams_per_viewer + 200)}
             worker = spawn([str(VENV_BIN / "sa-core"), "run-worker", "--concurrency",
                             str(args.viewers)], env)
             try:
