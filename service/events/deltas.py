@@ -21,7 +21,8 @@ class _Growth:
     first: dict[str, Any]
     attempt: int
     base: int
-    rows: list[tuple[int, str]] = field(default_factory=list)
+    # NOTE: (offset, length, text): `text` is the row's last characters, at most the cap.
+    rows: list[tuple[int, int, str]] = field(default_factory=list)
 
     def gap(self) -> tuple[int, int] | None:
         """The range to read again when the rows do not follow `base` and each other, else None.
@@ -31,10 +32,10 @@ class _Growth:
         skips the one with the lower seq) are committed by the time a later one is read.
         """
         start = end = self.base
-        for offset, text in self.rows:
+        for offset, length, _text in self.rows:
             if offset != end:
                 return start, self.rows[-1][0] + 1
-            end += len(text)
+            end += length
         return None
 
 
@@ -47,7 +48,8 @@ class DeltaReader:
     seen mid-attempt) has the missing range read again by its index, so a skipped row is not
     lost. A delta carries at most `text_chars` characters: past that it sends the latest ones,
     and its `offset` tells a client that it missed some (GET /jobs/{id} has the attempt's whole
-    `partial_text`).
+    `partial_text`). So a row is read as its last `text_chars` characters and its length: a
+    look costs what is new, and no more than the cap per row.
     """
 
     def __init__(self, text_chars: int, page_size: int = 2000) -> None:
@@ -87,8 +89,9 @@ class DeltaReader:
         """Every row past the last look, page by page."""
         rows: list[dict[str, Any]] = []
         while True:
-            page = conn.execute(partial_q.JOB_DELTA_LIST_AFTER,
-                                {"after": self._after, "limit": self._page_size}).fetchall()
+            page = conn.execute(partial_q.JOB_DELTA_LIST_AFTER, {
+                "after": self._after, "limit": self._page_size,
+                "tail": self._text_chars}).fetchall()
             if page:
                 self._after = int(page[-1]["seq"])
                 rows += page
@@ -112,7 +115,7 @@ class DeltaReader:
                 base = sent[1] if sent is not None and sent[0] == attempt else 0
                 growth = growths[job_id] = _Growth(row, attempt, base)
             if row["offset"] >= growth.base:
-                growth.rows.append((row["offset"], row["text"]))
+                growth.rows.append((row["offset"], row["length"], row["text"]))
         return growths
 
     def _fill(self, conn: DictConnection, growths: dict[uuid.UUID, _Growth],
@@ -122,10 +125,11 @@ class DeltaReader:
         found = conn.execute(partial_q.JOB_DELTA_LIST_RANGES, {
             "job_id": ids, "attempt": [growths[job_id].attempt for job_id in ids],
             "start": [gaps[job_id][0] for job_id in ids],
-            "stop": [gaps[job_id][1] for job_id in ids]}).fetchall()
-        filled: dict[uuid.UUID, list[tuple[int, str]]] = {}
+            "stop": [gaps[job_id][1] for job_id in ids], "tail": self._text_chars}).fetchall()
+        filled: dict[uuid.UUID, list[tuple[int, int, str]]] = {}
         for row in found:
-            filled.setdefault(row["job_id"], []).append((row["offset"], row["text"]))
+            filled.setdefault(row["job_id"], []).append((row["offset"], row["length"],
+                                                         row["text"]))
         for job_id, rows in filled.items():
             growths[job_id].rows = rows
 
@@ -133,15 +137,16 @@ class DeltaReader:
         """The job's delta: its rows from where they continue, capped to the latest characters."""
         if not growth.rows:
             return None
-        offset = growth.rows[0][0]
-        end = offset
+        offset = end = growth.rows[0][0]
         pieces: list[str] = []
-        for row_offset, text in growth.rows:
-            if row_offset != end:
-                # NOTE: still a hole (the job's rows were deleted meanwhile): send what follows it.
-                offset, pieces = row_offset, []
+        for row_offset, length, text in growth.rows:
+            start = row_offset + length - len(text)
+            if start != end:
+                # NOTE: a row read as its tail (longer than the cap), or still a hole (the
+                # job's rows were deleted meanwhile): what follows is sent.
+                offset, pieces = start, []
             pieces.append(text)
-            end = row_offset + len(text)
+            end = row_offset + length
         text = "".join(pieces)
         if len(text) > self._text_chars:
             offset, text = end - self._text_chars, text[-self._text_chars:]

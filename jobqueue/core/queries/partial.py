@@ -30,9 +30,11 @@ WITH d AS (
 SELECT d.job_id FROM d WHERE NOT EXISTS (SELECT 1 FROM written w WHERE w.job_id = d.job_id)
 """
 
-# served by sa_job_delta_pkey (seq): a hub's keyset page of the writes since its last look.
+# served by sa_job_delta_pkey (seq): a hub's keyset page of the writes since its last look. A
+# row's text comes as its last `tail` characters (a delta carries no more) with its length.
 JOB_DELTA_LIST_AFTER = """
-SELECT seq, job_id, attempt, "offset", prompt_id, org_id, created_by, text
+SELECT seq, job_id, attempt, "offset", prompt_id, org_id, created_by,
+       char_length(text) AS length, right(text, %(tail)s) AS text
   FROM sa_job_delta
  WHERE seq > %(after)s
  ORDER BY seq
@@ -43,7 +45,7 @@ SELECT seq, job_id, attempt, "offset", prompt_id, org_id, created_by, text
 # skipped because their write committed after a later one it had read (two workers' writes
 # commit in either order), found when a job's next row starts past what the hub sent.
 JOB_DELTA_LIST_RANGES = """
-SELECT d.job_id, d."offset", d.text
+SELECT d.job_id, d."offset", char_length(d.text) AS length, right(d.text, %(tail)s) AS text
   FROM unnest(%(job_id)s::uuid[], %(attempt)s::int[], %(start)s::int[], %(stop)s::int[])
         AS r(job_id, attempt, start, stop)
   JOIN sa_job_delta d ON d.job_id = r.job_id AND d.attempt = r.attempt
