@@ -1,7 +1,7 @@
 """Jobs per second burning down a backlog, by worker processes x concurrency, and commits per job.
 
 Usage: .venv/bin/python -m bench.throughput [--jobs 5000] [--procs 1,4] [--concurrency 1,8,32]
-       [--rounds 1]
+       [--rounds 1] [--priced 0,1]
 
 For each (processes, concurrency): a scratch database with `--jobs` queued prompts (written by one
 INSERT statement), `sa-core fake-provider` in its own process (answers at once), then N x
@@ -15,6 +15,10 @@ workers start and after they and the poller have exited (a backend flushes its c
 this script's own polls subtracted. Commits include the transactions in which each LISTENing worker
 reads notifications (Postgres wakes every listener of the database on each notifying commit), so
 they exceed the workers' own statements.
+
+`--priced 1` runs the same burn-down with the model on a route that has `prices` and with a
+daily budget no org reaches (SA_ORG_BUDGET_DAILY): every finalize then writes each call's cost
+(sa_ledger.cost, sa_org_spend) and each worker re-reads the orgs past a budget once a second.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Cell:
 
     procs: int
     concurrency: int
+    priced: bool = False
     seconds: list[float] = field(default_factory=list)
     claims: list[float] = field(default_factory=list)
     batches: list[float] = field(default_factory=list)
@@ -92,6 +97,10 @@ def run_once(cell: Cell, jobs: int, provider_port: int) -> None:
             time.sleep(1.0)  # let the backlog's backend flush its counters
             before = read_stats(url)
             env = {"DATABASE_URL": url, "SA_PROVIDER_URL": f"http://127.0.0.1:{provider_port}"}
+            if cell.priced:
+                env.update(_PRICED_ENV, SA_PROVIDER_ROUTES=json.dumps({"routes": [{
+                    "name": "priced", "base_url": env["SA_PROVIDER_URL"], "models": ["bench"],
+                    "prices": {"input": 2.5, "output": 10}}]}))
             polls = 0
             with psycopg.connect(url, autocommit=True) as poller:
                 started = time.monotonic()
@@ -127,19 +136,24 @@ def run_once(cell: Cell, jobs: int, provider_port: int) -> None:
     cell.updated.append((after[2] - before[2]) / jobs)
 
 
+_PRICED_ENV = {"SA_PROVIDER_MODEL": "bench", "SA_ORG_BUDGET_DAILY": "1000000"}
+"""With --priced: the jobs' model (they name none) is the priced route's, and a budget is set."""
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
 def table(cells: Sequence[Cell], jobs: int) -> str:
     """Formats the cells in bench/peers.py's style (medians over rounds)."""
-    head = ["procs", "concurrency", "seconds", "jobs/s", "claims/job", "batches/job", "commits/job",
+    head = ["procs", "concurrency", "priced", "seconds", "jobs/s", "claims/job", "batches/job", "commits/job",
             "inserts/job", "updates/job"]
     lines = [head]
     med = statistics.median
     for c in cells:
         seconds = med(c.seconds)
-        lines.append([str(c.procs), str(c.concurrency), f"{seconds:.2f}", f"{jobs / seconds:,.0f}",
+        lines.append([str(c.procs), str(c.concurrency), "yes" if c.priced else "no",
+                      f"{seconds:.2f}", f"{jobs / seconds:,.0f}",
                       f"{med(c.claims):.3f}", f"{med(c.batches):.3f}", f"{med(c.commits):.2f}",
                       f"{med(c.inserted):.2f}", f"{med(c.updated):.2f}"])
     return format_table(lines)
@@ -152,13 +166,17 @@ def main() -> None:
     parser.add_argument("--procs", default="1,4", help="worker processes, comma-separated")
     parser.add_argument("--concurrency", default="1,8,32", help="--concurrency per worker, comma-separated")
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--priced", default="0",
+                        help="0 and/or 1, comma-separated: without and with prices and a budget")
     parser.add_argument("--provider-port", type=int, default=8766)
     args = parser.parse_args()
-    cells = [Cell(p, c) for p in _ints(args.procs) for c in _ints(args.concurrency)]
+    cells = [Cell(p, c, bool(priced)) for p in _ints(args.procs) for c in _ints(args.concurrency)
+             for priced in _ints(args.priced)]
     for round_no in range(1, args.rounds + 1):
         for cell in cells:
             run_once(cell, args.jobs, args.provider_port)
-            print(f"round {round_no} procs {cell.procs} concurrency {cell.concurrency}: "
+            print(f"round {round_no} procs {cell.procs} concurrency {cell.concurrency} "
+                  f"priced {cell.priced}: "
                   f"{cell.seconds[-1]:.2f} s, {args.jobs / cell.seconds[-1]:,.0f} jobs/s, "
                   f"{cell.claims[-1] + cell.batches[-1]:.3f} round trips/job, "
                   f"{cell.commits[-1]:.2f} commits/job", flush=True, file=sys.stderr)

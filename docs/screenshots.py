@@ -49,7 +49,7 @@ def main() -> None:
                  "SA_POLL_INTERVAL": "0.1", "SA_BACKOFF_BASE": "0.05", "SA_SHUTDOWN_GRACE": "1"})
         pool = open_pool(url, name="shots", max_size=2)
         try:
-            with gunicorn(settings, Path(tmp)) as base:
+            with gunicorn(settings, Path(tmp), SA_PROVIDER_URL=fake.url) as base:
                 token = issue_token(pool, 1, 1, scopes=("ops",)).token
                 headers = {"Authorization": f"Bearer {token}"}
 
@@ -93,10 +93,16 @@ def main() -> None:
                     driver.save_screenshot(str(DOCS / "mission-desktop.png"))
                     driver.set_window_size(390, 1400)
                     driver.save_screenshot(str(DOCS / "mission-phone.png"))
-                    driver.set_window_size(1280, 900)
+                    # NOTE: tall enough for the console's charts, explorer, routes and log.
+                    driver.set_window_size(1280, 2600)
+                    post("/ops/routes/pause", {"route": "default", "seconds": 1,
+                                               "reason": "shown in the log"})
                     driver.get(base + "/mission/ops")
                     wait.until(lambda d: d.execute_script(
-                        "return document.querySelectorAll('#running button').length === 2"))
+                        "return document.querySelectorAll('#running button').length === 2"
+                        " && document.querySelectorAll('#jobs a.job-link').length >= 7"
+                        " && document.querySelector('#chart-jobs polyline') !== null"
+                        " && document.querySelectorAll('#audit tbody tr').length === 1"))
                     driver.save_screenshot(str(DOCS / "mission-ops.png"))
                 finally:
                     driver.quit()

@@ -12,6 +12,7 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
+from jobqueue.core.console import BulkAction
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.dbcheck import DatabaseRefused, check_urls
 from jobqueue.core.errors import Conflict, InvalidInput, JobQueueError, NotFound, TryLater
@@ -38,12 +39,24 @@ from service.resources.events import MissionEvents
 from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
 from service.resources.metrics import Metrics
-from service.resources.mission import MissionRecent
+from service.resources.mission import MissionPrompts, MissionRecent
 from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
+from service.resources.ops_console import (
+    OpsActions,
+    OpsBulk,
+    OpsCharts,
+    OpsJob,
+    OpsJobCount,
+    OpsJobs,
+    OpsRouteAction,
+    OpsRoutes,
+    OpsWorkers,
+)
 from service.resources.pages import Asset, Page, load_static
 from service.resources.prompts import PromptBatch, PromptCollection, PromptItem
 from service.resources.responses import ResponseItem
 from service.resources.session import Session
+from service.resources.usage import OrgUsage
 from service.serialize import json_handler, serialize_error
 from service.waits import Waits
 
@@ -205,16 +218,29 @@ def create_app(
     app.add_route(f"{API_PREFIX}/jobs/{{job_id:uuid}}/cancel", JobCancel(pool))
     app.add_route(f"{API_PREFIX}/responses/{{response_id:uuid}}", ResponseItem(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry",
-                  PromptRetry(pool, settings.org_max_queued))
+                  PromptRetry(pool, settings.org_max_queued, settings.budgets))
     app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub, settings))
+    app.add_route(f"{API_PREFIX}/mission/prompts", MissionPrompts(pool, hub, settings))
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
                                 replay_limit=settings.sse_replay_limit,
                                 page_bytes=settings.page_max_bytes))
     app.add_route(f"{API_PREFIX}/session", Session(pool, settings.sessions_per_token))
+    app.add_route(f"{API_PREFIX}/usage", OrgUsage(pool, settings))
     app.add_route(f"{API_PREFIX}/ops/overview", OpsOverview(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/cancel", OpsCancel(pool))
     app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}/retry", OpsRetry(pool))
+    app.add_route(f"{API_PREFIX}/ops/jobs", OpsJobs(pool, settings))
+    app.add_route(f"{API_PREFIX}/ops/jobs/count", OpsJobCount(pool, settings))
+    app.add_route(f"{API_PREFIX}/ops/jobs/{{job_id:uuid}}", OpsJob(pool))
+    app.add_route(f"{API_PREFIX}/ops/bulk/cancel", OpsBulk(pool, settings, BulkAction.CANCEL))
+    app.add_route(f"{API_PREFIX}/ops/bulk/retry", OpsBulk(pool, settings, BulkAction.RETRY))
+    app.add_route(f"{API_PREFIX}/ops/actions", OpsActions(pool))
+    app.add_route(f"{API_PREFIX}/ops/routes", OpsRoutes(pool, settings))
+    app.add_route(f"{API_PREFIX}/ops/routes/pause", OpsRouteAction(pool, settings, pause=True))
+    app.add_route(f"{API_PREFIX}/ops/routes/resume", OpsRouteAction(pool, settings, pause=False))
+    app.add_route(f"{API_PREFIX}/ops/workers", OpsWorkers(pool))
+    app.add_route(f"{API_PREFIX}/ops/charts", OpsCharts(pool))
     add_openai_routes(app, pool, settings, hub, waits)
     # NOTE: the pages live at the root, outside the versioned JSON API: they are HTML, and the
     # session cookie's Path (/sa-core/v1) keeps it off them.

@@ -8,10 +8,10 @@ from typing import Any
 
 import falcon
 
-from jobqueue.core.tokens import OPS_SCOPE, Authenticator, Caller, hash_token
+from jobqueue.core.tokens import OPS_READ_SCOPE, OPS_SCOPE, Authenticator, Caller, hash_token
 
 __all__ = ["API_PREFIX", "PAGE_ROUTES", "PUBLIC_ROUTES", "QUERY_TOKEN_PARAM", "QUERY_TOKEN_ROUTES",
-           "SCOPED_PREFIXES", "SESSION_COOKIE", "SESSION_HEADER", "AuthMiddleware",
+           "READ_SCOPES", "SCOPED_PREFIXES", "SESSION_COOKIE", "SESSION_HEADER", "AuthMiddleware",
            "invalid_token"]
 
 API_PREFIX = "/sa-core/v1"
@@ -51,6 +51,9 @@ post or image cannot carry it; SameSite=Strict already keeps the cookie off othe
 
 SCOPED_PREFIXES = {f"{API_PREFIX}/ops/": OPS_SCOPE}
 """Route prefixes that need a scope on the token, besides a valid token: 403 without it."""
+
+READ_SCOPES = {OPS_SCOPE: OPS_READ_SCOPE}
+"""A scope's read-only variant: enough for GET and HEAD under the scope's prefix, 403 otherwise."""
 
 _SAFE_METHODS = frozenset({"GET", "HEAD"})
 
@@ -115,7 +118,7 @@ class AuthMiddleware:
             self._from_session(req, session)
         else:
             self._from_token(req, header)
-        _check_scope(route or "", req.context.caller)
+        _check_scope(route or "", req.context.caller, req.method)
 
     def _from_token(self, req: falcon.Request, header: str | None) -> None:
         if header is None and req.method == "GET" and req.uri_template in QUERY_TOKEN_ROUTES:
@@ -169,11 +172,22 @@ def _require_same_origin(req: falcon.Request) -> None:
         raise _cross_origin("the Origin header names another origin")
 
 
-def _check_scope(route: str, caller: Caller) -> None:
+def _check_scope(route: str, caller: Caller, method: str) -> None:
     for prefix, scope in SCOPED_PREFIXES.items():
-        if route.startswith(prefix) and scope not in caller.scopes:
+        if not route.startswith(prefix) or scope in caller.scopes:
+            continue
+        reader = READ_SCOPES.get(scope)
+        if reader is not None and reader in caller.scopes:
+            if method in _SAFE_METHODS:
+                continue
             raise falcon.HTTPForbidden(
-                title="Scope required",
-                description=f"This route needs a token with the `{scope}` scope "
+                title="Read-only scope",
+                description=f"This token has the `{reader}` scope: it reads this view but cannot "
+                            f"act; acting needs the `{scope}` scope "
                             f"(`sa-core create-token --scope {scope}`).",
             )
+        raise falcon.HTTPForbidden(
+            title="Scope required",
+            description=f"This route needs a token with the `{scope}` scope "
+                        f"(`sa-core create-token --scope {scope}`).",
+        )

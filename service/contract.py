@@ -16,6 +16,7 @@ from typing import Any
 
 import falcon
 
+from jobqueue.core.fallback import named_serving, serves
 from jobqueue.core.routes import Routes
 from jobqueue.engine.claim import DEFAULT_DEPTH, MAX_DEPTH
 from jobqueue.engine.idempotency import MAX_KEY_LENGTH
@@ -59,8 +60,6 @@ __all__ = [
     "MAX_SCHEDULE_SECONDS",
     "MAX_WAIT_SECONDS",
     "NO_BODY",
-    "OPTIONS",
-    "OPTION_KEYS",
     "PREFER",
     "PREFER_PATTERN",
     "RECENT_LIMIT",
@@ -69,8 +68,11 @@ __all__ = [
     "SCOPE",
     "SCOPES",
     "SINCE",
+    "SNAPSHOT_BEFORE",
+    "SNAPSHOT_LIMIT",
     "PromptRequest",
     "check_routable",
+    "options_body",
     "parse_batch",
     "parse_prompt",
     "prompt_batch_body",
@@ -82,6 +84,8 @@ MAX_ATTEMPTS_LIMIT = 10
 MAX_MODEL_CHARS = 200
 RECENT_LIMIT_DEFAULT = 100
 RECENT_LIMIT_MAX = 500
+SNAPSHOT_LIMIT_DEFAULT = 50
+SNAPSHOT_LIMIT_MAX = 200
 JOBS_LIMIT_DEFAULT = 20
 JOBS_LIMIT_MAX = 100
 
@@ -113,35 +117,39 @@ KEY_PATTERN = "^[!-~]+$"
 PREFER_PATTERN = "^[ \t]*wait=([0-9]|[1-5][0-9]|60)[ \t]*$"
 
 
-MAX_SYSTEM_CHARS = 100_000
 MAX_STOP_CHARS = 200
 MAX_STOPS = 4
 MAX_OUTPUT_TOKENS = 1_000_000
 MAX_SEED = 2**63 - 1
 
-_OPTION_FIELDS: dict[str, Spec] = {
-    "model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL); it picks the "
-                                   "model route, and a model no route serves answers 422."),
-    "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context."),
-    "system": Text(MAX_SYSTEM_CHARS, "A system prompt, sent first, before the ancestors."),
-    "temperature": Number(0, 2, "Sampling temperature, sent as is."),
-    "top_p": Number(0, 1, "Nucleus sampling mass, sent as is."),
-    "max_tokens": Integer(1, MAX_OUTPUT_TOKENS, description="Most tokens the reply may hold."),
-    "stop": OneOrMore(Text(MAX_STOP_CHARS, blank=True), MAX_STOPS,
-                      "Where the provider stops: one string or up to four (stored as a list); "
-                      "blanks alone (\"\\n\\n\") are a stop sequence too, as in OpenAI's API."),
-    "response_format": Fields(
-        {"type": Choice(("text", "json_object"), "`json_object` asks for JSON mode.")},
-        required=("type",), description="OpenAI's response_format: text or JSON mode."),
-    "seed": Integer(-MAX_SEED - 1, MAX_SEED, description="Sampling seed, for providers that "
-                                                         "honour one.")}
-
-OPTIONS = Fields(
-    _OPTION_FIELDS, description="Execution options; only these keys are accepted.",
-    unknown=f"unknown option (allowed: {', '.join(_OPTION_FIELDS)})", component="ExecutionOptions")
-"""The `options` of POST /prompt: what the worker can use (claim.options_error reads the same)."""
-
-OPTION_KEYS = tuple(_OPTION_FIELDS)
+@functools.lru_cache(maxsize=8)
+def options_body(max_chars: int) -> Fields:
+    """Returns the `options` of POST /prompt: what the worker can use (claim.options_error reads
+    the same); a system prompt may be as long as a prompt (SA_MAX_PROMPT_CHARS)."""
+    fields: dict[str, Spec] = {
+        "model": Text(MAX_MODEL_CHARS, "Provider model (default SA_PROVIDER_MODEL); it picks the "
+                                       "model route, and a model no route serves answers 422."),
+        "depth": Integer(0, MAX_DEPTH, DEFAULT_DEPTH, "Ancestors sent to the provider as context."),
+        "system": Text(max_chars, "A system prompt, sent first, before the ancestors."),
+        "temperature": Number(0, 2, "Sampling temperature, sent as is."),
+        "top_p": Number(0, 1, "Nucleus sampling mass, sent as is."),
+        "max_tokens": Integer(1, MAX_OUTPUT_TOKENS, description="Most tokens the reply may hold."),
+        "stop": OneOrMore(Text(MAX_STOP_CHARS, blank=True), MAX_STOPS,
+                          "Where the provider stops: one string or up to four (stored as a list); "
+                          "blanks alone (\"\\n\\n\") are a stop sequence too, as in OpenAI's API."),
+        "response_format": Fields(
+            {"type": Choice(("text", "json_object"), "`json_object` asks for JSON mode.")},
+            required=("type",), description="OpenAI's response_format: text or JSON mode."),
+        "seed": Integer(-MAX_SEED - 1, MAX_SEED, description="Sampling seed, for providers that "
+                                                             "honour one."),
+        "prefer_provider": Text(MAX_MODEL_CHARS, "The name of a model route (SA_PROVIDER_ROUTES) "
+                                                 "serving the model, called instead of the "
+                                                 "model's first route; its fallbacks still "
+                                                 "apply. A name that is no such route answers "
+                                                 "422.")}
+    return Fields(fields, description="Execution options; only these keys are accepted.",
+                  unknown=f"unknown option (allowed: {', '.join(fields)})",
+                  component="ExecutionOptions")
 
 
 @dataclass(frozen=True)
@@ -188,7 +196,7 @@ def prompt_body(max_chars: int, batch: bool = False) -> Fields:
                                 "no NUL character, no lone surrogate)."),
         "priority": BATCH_PRIORITY if batch else PRIORITY,
         "max_attempts": MAX_ATTEMPTS,
-        "options": OPTIONS,
+        "options": options_body(max_chars),
         "run_at": Instant(MAX_SCHEDULE_SECONDS, "Run no earlier than this ISO 8601 date-time (no "
                                                 "offset means UTC; not past, at most a year and a "
                                                 "day ahead). The job waits queued, cancellable."),
@@ -252,17 +260,24 @@ def check_routable(requests: list[PromptRequest], routes: Routes, batch: bool = 
         batch: name each bad item by its index (`prompts[3].options.model`), all in one 422.
 
     Raises:
-        falcon.HTTPUnprocessableEntity: `options.model` (or the default model) has no route.
+        falcon.HTTPUnprocessableEntity: `options.model` (or the default model) has no route, or
+            `options.prefer_provider` names no route serving it.
     """
     if not routes:
         return
     errors = []
     for index, request in enumerate(requests):
-        if routes.for_model(request.options.get("model")) is None:
-            model = request.options.get("model") or routes.default_model
-            name = f"prompts[{index}].options.model" if batch else "options.model"
-            errors.append(f"{name}: no route serves model {model!r} (known: "
+        model = request.options.get("model") or routes.default_model
+        prefix = f"prompts[{index}].options" if batch else "options"
+        if routes.for_model(model) is None:
+            errors.append(f"{prefix}.model: no route serves model {model!r} (known: "
                           f"{', '.join(routes.known_models)})")
+            continue
+        prefer = request.options.get("prefer_provider")
+        if prefer is not None and named_serving(routes, prefer, model) is None:
+            serving = [r.name for r in routes.routes if serves(r, model)]
+            errors.append(f"{prefix}.prefer_provider: no route {prefer!r} serves model {model!r} "
+                          f"(known routes serving it: {', '.join(serving)})")
     if errors:
         raise falcon.HTTPUnprocessableEntity(title="Invalid field", description="; ".join(errors))
 
@@ -306,6 +321,13 @@ RECENT_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1,
                                         "maximum": RECENT_LIMIT_MAX,
                                         "default": RECENT_LIMIT_DEFAULT},
                      "Most transitions read, hence most items answered.", 50)
+SNAPSHOT_BEFORE = Param("before", "query", {"type": "string", "pattern": CURSOR_PATTERN},
+                        "The previous answer's `next_before` (opaque): the next, older prompts.",
+                        "AAAAAAAAACo")
+SNAPSHOT_LIMIT = Param("limit", "query", {"type": "integer", "minimum": 1,
+                                          "maximum": SNAPSHOT_LIMIT_MAX,
+                                          "default": SNAPSHOT_LIMIT_DEFAULT},
+                       "Most prompts answered.", 50)
 JOBS_CURSOR = Param("cursor", "query", {"type": "string", "pattern": JOBS_CURSOR_PATTERN},
                     "The previous answer's `next_cursor` (opaque): the next, older jobs.",
                     "AAZhfSYz0ABeb3qLnA1OH6KzxNXm96i5")

@@ -17,7 +17,7 @@ from jobqueue.core.queries import mission as mission_q
 from jobqueue.core.tokens import Caller
 
 __all__ = ["JobsPage", "get_job", "get_job_with_response", "get_prompt", "get_response",
-           "recent_changes"]
+           "prompts_latest", "recent_changes"]
 
 Row = dict[str, Any]
 
@@ -123,6 +123,21 @@ def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: 
             "next_cursor": (jobs[-1]["created_at"], jobs[-1]["id"]) if has_more else None}
 
 
+def prompts_latest(conn: DictConnection, org_id: int, prompt_ids: list[uuid.UUID], *,
+                   text_chars: int, max_bytes: int) -> tuple[list[Row], bool]:
+    """Returns the feed items of `prompt_ids` (the org's only), in that order, each with its
+    latest job; and whether the list was cut short because the texts passed `max_bytes`."""
+    if not prompt_ids:
+        return [], False
+    with conn.transaction():
+        conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
+        rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
+            "org_id": org_id, "prompt_ids": prompt_ids, "text_chars": text_chars,
+            "max_bytes": max_bytes}).fetchall()
+    items = [{k: v for k, v in row.items() if k != "read"} for row in rows]
+    return items, bool(rows) and rows[0]["read"] > len(rows)
+
+
 def recent_changes(
     pool: ConnectionPool[DictConnection],
     caller: Caller,
@@ -182,15 +197,9 @@ def recent_changes(
         for event in events:
             last_event.pop(event["prompt_id"], None)
             last_event[event["prompt_id"]] = event["id"]
-        rows: list[Row] = []
-        if last_event:
-            with conn.transaction():
-                conn.execute(job_q.JOB_PAGE_PLAN_SETTINGS)
-                rows = conn.execute(mission_q.MISSION_PROMPTS_LATEST, {
-                    "org_id": caller.org_id, "prompt_ids": list(last_event),
-                    "text_chars": text_chars, "max_bytes": max_bytes}).fetchall()
-        items = [{k: v for k, v in row.items() if k != "read"} for row in rows]
-        if rows and rows[0]["read"] > len(rows):
+        items, cut = prompts_latest(conn, caller.org_id, list(last_event), text_chars=text_chars,
+                                    max_bytes=max_bytes)
+        if cut:
             return {"as_of": as_of, "items": items,
                     "next_cursor": last_event[items[-1]["prompt_id"]], "has_more": True}
         has_more = len(events) == limit

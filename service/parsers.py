@@ -138,8 +138,9 @@ def encode_cursor(event_id: int) -> str:
     return base64.urlsafe_b64encode(event_id.to_bytes(8, "big")).decode().rstrip("=")
 
 
-def parse_cursor(raw: str | None) -> int | None:
-    """Parses a `cursor` from a previous /mission/recent answer (absent means a first call).
+def parse_cursor(raw: str | None, name: str = CURSOR.name) -> int | None:
+    """Parses a `cursor` from a previous /mission/recent answer (absent means a first call), or
+    the `before` of a previous /mission/prompts answer (`name`).
 
     Raises:
         falcon.HTTPInvalidParam: not a cursor this service hands out.
@@ -147,7 +148,7 @@ def parse_cursor(raw: str | None) -> int | None:
     if raw is None:
         return None
     if not _CURSOR_RE.fullmatch(raw):
-        raise falcon.HTTPInvalidParam("must be the `next_cursor` of a previous answer", CURSOR.name)
+        raise falcon.HTTPInvalidParam(f"must be the `next_{name}` of a previous answer", name)
     # NOTE: every string of the documented shape decodes; one beyond the largest id only
     # means "nothing newer yet".
     return min(int.from_bytes(base64.urlsafe_b64decode(raw + "="), "big"), MAX_EVENT_ID)

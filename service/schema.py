@@ -24,6 +24,7 @@ __all__ = [
     "UUID_PATTERN",
     "Choice",
     "Fields",
+    "Ids",
     "Instant",
     "Integer",
     "Items",
@@ -362,7 +363,35 @@ class Items:
         return checked
 
 
-Spec = Integer | Number | Choice | OneOrMore | Text | Uuid | Instant | Items | Fields
+@dataclass(frozen=True)
+class Ids:
+    """A JSON array of 1 to `max_items` distinct UUID strings (a selection of jobs)."""
+
+    max_items: int
+    description: str = ""
+
+    def schema(self) -> Schema:
+        """Returns the JSON Schema of the field."""
+        return _described({"type": "array", "minItems": 1, "maxItems": self.max_items,
+                           "uniqueItems": True,
+                           "items": {"type": "string", "format": "uuid", "pattern": UUID_PATTERN}},
+                          self.description)
+
+    def check(self, value: object, name: str) -> list[uuid.UUID]:
+        """Returns the UUIDs; raises a 422 naming `name` (and the bad item) otherwise."""
+        if not isinstance(value, list) or not 1 <= len(value) <= self.max_items:
+            raise invalid(name, f"must be a list of 1 to {self.max_items} job ids")
+        ids = []
+        for index, item in enumerate(value):
+            if not isinstance(item, str) or not _UUID_RE.fullmatch(item):
+                raise invalid(f"{name}[{index}]", "must be a UUID string (8-4-4-4-12 hex digits)")
+            ids.append(uuid.UUID(item))
+        if len(set(ids)) != len(ids):
+            raise invalid(name, "must not repeat an id")
+        return ids
+
+
+Spec = Integer | Number | Choice | OneOrMore | Text | Uuid | Instant | Items | Fields | Ids
 
 
 def _use(spec: Spec) -> Schema:

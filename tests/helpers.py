@@ -232,45 +232,83 @@ class WorkerHarness:
         self.providers.close()
 
 
-# NOTE: the tables a TRUNCATE ... CASCADE of `tables` reaches (those referencing them too), and
-# of those the ones a test touched: a page written (a row, even one rolled back), statistics
-# taken (ANALYZE), or an owned sequence drawn from (an insert refused by a constraint). What is
-# left out is as TRUNCATE ... RESTART IDENTITY leaves it: no page, no statistics, sequences unused.
-_TOUCHED = """
+# NOTE: the tables a TRUNCATE ... CASCADE of `tables` reaches (those referencing them too), with
+# the sequences each owns: read once a run.
+_REACH = """
 WITH RECURSIVE reach(rel) AS (
     SELECT unnest(%(tables)s::regclass[])
   UNION
     SELECT c.conrelid::regclass FROM pg_constraint c JOIN reach ON c.confrelid = reach.rel
      WHERE c.contype = 'f'
 )
-SELECT t.relname FROM reach JOIN pg_class t ON t.oid = reach.rel
- WHERE pg_relation_size(t.oid) > 0 OR t.reltuples >= 0
-    OR EXISTS (SELECT 1 FROM pg_depend d JOIN pg_class s ON s.oid = d.objid
-                WHERE d.classid = 'pg_class'::regclass AND d.refobjid = t.oid
-                  -- NOTE: CASE, since the planner may call the function before other filters.
-                  AND CASE WHEN s.relkind = 'S' THEN pg_sequence_last_value(s.oid) END IS NOT NULL)
+SELECT t.oid::regclass::text AS name,
+       ARRAY(SELECT s.oid::regclass::text FROM pg_depend d JOIN pg_class s ON s.oid = d.objid
+              WHERE d.classid = 'pg_class'::regclass AND d.refobjid = t.oid AND s.relkind = 'S')
+           AS sequences
+  FROM reach JOIN pg_class t ON t.oid = reach.rel
 """
+
+# NOTE: of those, the ones a test touched: a page written (a row, even one rolled back),
+# statistics taken (ANALYZE), or an owned sequence drawn from (an insert refused by a
+# constraint); with their size, and whether they have statistics.
+_TOUCHED = """
+SELECT t.oid::regclass::text AS name, pg_relation_size(t.oid) AS bytes, t.reltuples >= 0 AS analyzed
+  FROM pg_class t
+ WHERE t.oid = ANY(%(tables)s::regclass[])
+   AND (pg_relation_size(t.oid) > 0 OR t.reltuples >= 0
+        OR t.oid IN (SELECT owner FROM unnest(%(owners)s::regclass[], %(sequences)s::regclass[])
+                                        AS owned(owner, seq)
+                      WHERE pg_sequence_last_value(seq) IS NOT NULL))
+"""
+
+_SMALL_BYTES = 64 * 1024
+"""A touched table up to this size, without statistics, is emptied by DELETE; a larger one (or
+one with statistics) by TRUNCATE, so no test meets another's bloat or statistics."""
 
 
 class TableReset:
-    """Puts `tables` back as TRUNCATE ... RESTART IDENTITY CASCADE leaves them, truncating only
-    those a test touched: each truncated table costs a new file per table and index and a
-    synchronous commit (tens of ms, hundreds on a busy disk), and most tests touch few tables."""
+    """Puts `tables` back as TRUNCATE ... RESTART IDENTITY CASCADE leaves them, as far as any
+    test can tell: empty, no statistics, owned sequences restarted.
+
+    PERF: a TRUNCATE costs a new file per table and index and a synchronous commit (20-30 ms a
+    table here), a DELETE of a test's few rows well under 1 ms; so only a table that grew past
+    `_SMALL_BYTES` or was analyzed is truncated, the others are emptied by DELETE (all in one
+    transaction, foreign keys and triggers off: every table they link is emptied too).
+    """
 
     def __init__(self, conninfo: str, tables: Sequence[str]) -> None:
         self._conninfo = conninfo
         self._tables = list(tables)
         self._conn: psycopg.Connection[Any] | None = None
+        self._sequences: dict[str, list[str]] = {}
 
-    def __call__(self) -> list[str]:
-        """Truncates the touched tables; returns their names."""
+    def __call__(self, *, truncate: bool = False) -> list[str]:
+        """Empties the touched tables (`truncate`: every one by TRUNCATE); returns their names."""
+        conn = self._connection()
+        owned = [(table, seq) for table, seqs in self._sequences.items() for seq in seqs]
+        touched = conn.execute(_TOUCHED, {"tables": list(self._sequences),
+                                          "owners": [table for table, _ in owned],
+                                          "sequences": [seq for _, seq in owned]}).fetchall()
+        truncated = [row[0] for row in touched if truncate or row[1] > _SMALL_BYTES or row[2]]
+        deleted = [row[0] for row in touched if row[0] not in truncated]
+        with conn.transaction():
+            if truncated:
+                conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
+                    sql.SQL(", ").join(map(sql.Identifier, truncated))))
+            if deleted:
+                conn.execute("SET LOCAL session_replication_role = replica")
+                for table in deleted:
+                    conn.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(table)))
+                    for sequence in self._sequences[table]:
+                        conn.execute("SELECT setval(%s::regclass, 1, false)", (sequence,))
+        return [row[0] for row in touched]
+
+    def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = psycopg.connect(self._conninfo, autocommit=True)
-        touched = [row[0] for row in self._conn.execute(_TOUCHED, {"tables": self._tables})]
-        if touched:
-            self._conn.execute(sql.SQL("TRUNCATE {} RESTART IDENTITY CASCADE").format(
-                sql.SQL(", ").join(map(sql.Identifier, touched))))
-        return touched
+            self._sequences = {row[0]: row[1] for row in self._conn.execute(
+                _REACH, {"tables": self._tables})}
+        return self._conn
 
     def close(self) -> None:
         if self._conn is not None:

@@ -126,6 +126,102 @@ def test_both_feeds_show_the_viewers_own_prompts_unless_org_scope_is_asked_for(
     assert [e["prompt_id"] for e in mine_stream.events] == [mine]
 
 
+# --- /mission/prompts: the present state, as of a log position ----------------------------------
+
+PROMPTS = f"{API}/mission/prompts"
+
+
+def snapshot_all(client: falcon.testing.TestClient, headers: dict[str, str],
+                 **params: Any) -> tuple[list[dict[str, Any]], int, int]:
+    """Follows /mission/prompts page by page; returns the items (each prompt once, the first
+    page's copy kept), the first page's event_id, and the number of pages."""
+    items: dict[str, dict[str, Any]] = {}
+    first: int | None = None
+    pages = 0
+    before: str | None = None
+    while True:
+        result = client.simulate_get(PROMPTS, params={**params, **({"before": before} if before else {})},
+                                     headers=headers)
+        assert result.status_code == 200, result.text
+        pages += 1
+        first = result.json["event_id"] if first is None else first
+        for item in result.json["items"]:
+            items.setdefault(item["prompt_id"], item)
+        before = result.json["next_before"]
+        if not result.json["has_more"]:
+            assert first is not None
+            return list(items.values()), first, pages
+
+
+def test_the_snapshot_pages_prompts_newest_activity_first_and_the_stream_continues_from_it(
+    feeds: falcon.testing.TestClient, app: falcon.App[falcon.Request, falcon.Response],
+    hub: EventHub, pool: ConnectionPool[DictConnection], auth: dict[str, str],
+) -> None:
+    prompts = [submit(feeds, auth, text=f"snap {i}") for i in range(7)]
+    submit(feeds, token_headers(pool, 2, 10), text="another org")
+    submit(feeds, token_headers(pool, 1, 11), text="a colleague")
+    # NOTE: the oldest prompt changes last, so it has the newest activity.
+    assert feeds.simulate_post(f"{API}/jobs/{prompts[0]['job_id']}/cancel",
+                               headers=auth).status_code == 200
+    wait_for(lambda: hub_caught_up(hub, pool))
+
+    items, event_id, pages = snapshot_all(feeds, auth, limit=3)
+    assert [item["prompt_id"] for item in items] == (
+        [prompts[0]["prompt_id"]] + [p["prompt_id"] for p in reversed(prompts[1:])])
+    assert [item["state"] for item in items] == ["cancelled"] + ["queued"] * 6
+    assert pages == 3
+    assert event_id == fetch_all(pool, "SELECT max(id) AS n FROM sa_job_event")[0]["n"]
+    first = feeds.simulate_get(PROMPTS, headers=auth).json
+    assert poll_all(feeds, auth, first["cursor"]) == ([], first["cursor"])
+    org, _, _ = snapshot_all(feeds, auth, scope="org")
+    assert [item["text"] for item in org][:2] == ["snap 0", "a colleague"]
+    assert "another org" not in {item["text"] for item in org}
+
+    stream = open_wsgi_stream(app, auth, query=f"last_event_id={event_id}")
+    later = submit(feeds, auth, text="after the snapshot")
+    wait_for(lambda: [e["prompt_id"] for e in stream.events] == [later["prompt_id"]])
+
+    for params in ({"limit": "0"}, {"limit": "201"}, {"before": "nope"}, {"scope": "all"},
+                   {"cursor": "AAAAAAAAACo"}):
+        result = feeds.simulate_get(PROMPTS, params=params, headers=auth)
+        assert result.status_code == 400, params
+        assert set(result.json) == {"title", "description"}
+
+
+def test_a_page_of_prompts_without_answers_is_cut_by_count_not_by_bytes(
+    feeds: falcon.testing.TestClient, hub: EventHub, pool: ConnectionPool[DictConnection],
+    auth: dict[str, str],
+) -> None:
+    # NOTE: a prompt without an answer once counted as a whole answer's bytes (64 KiB): a page of
+    # queued prompts ended after 16 of them.
+    for n in range(40):
+        submit(feeds, auth, text=f"no answer yet {n}")
+    wait_for(lambda: hub_caught_up(hub, pool))
+    snapshot = feeds.simulate_get(PROMPTS, params={"limit": 40}, headers=auth).json
+    assert (len(snapshot["items"]), snapshot["has_more"]) == (40, False)
+    recent = feeds.simulate_get(RECENT, params={"limit": 40}, headers=auth).json
+    assert len(recent["items"]) == 40
+
+
+def test_a_prompt_with_thousands_of_events_costs_the_snapshot_pages_of_its_own(
+    feeds: falcon.testing.TestClient, hub: EventHub, pool: ConnectionPool[DictConnection],
+    auth: dict[str, str],
+) -> None:
+    old = submit(feeds, auth, text="the old one")
+    busy = submit(feeds, auth, text="retried for ever")
+    # NOTE: 6,000 more events of one prompt (a snapshot page walks 5,000 at most), written as
+    # the log would hold them after as many retry cycles.
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO sa_job_event (job_id, prompt_id, org_id, created_by, from_state, to_state, attempt) "
+            "SELECT %(job)s, %(prompt)s, 1, 10, 'queued', 'queued', 1 FROM generate_series(1, 6000)",
+            {"job": busy["job_id"], "prompt": busy["prompt_id"]})
+    wait_for(lambda: hub_caught_up(hub, pool))
+    items, _, pages = snapshot_all(feeds, auth, limit=50)
+    assert [item["prompt_id"] for item in items] == [busy["prompt_id"], old["prompt_id"]]
+    assert pages == 2
+
+
 @pytest.fixture
 def role_pools(database_url: str) -> Iterator[tuple[ConnectionPool[DictConnection], str]]:
     """A pool connected as a "web" role, and the conninfo of a "worker" role (neither superuser)."""
@@ -352,6 +448,8 @@ def _open_stream(base: str, headers: dict[str, str]) -> socket.socket | None:
     (mission_q.MISSION_PAGE_FOR_ORG, "sa_job_event_org_idx"),
     (mission_q.MISSION_START_FOR_USER, "sa_job_event_org_user_idx"),
     (mission_q.MISSION_START_FOR_ORG, "sa_job_event_org_idx"),
+    (mission_q.MISSION_LATEST_FOR_USER, "sa_job_event_org_user_idx"),
+    (mission_q.MISSION_LATEST_FOR_ORG, "sa_job_event_org_idx"),
     (event_q.JOB_EVENT_LIST_FOR_ORG_BETWEEN, "sa_job_event_org_idx"),
     (event_q.JOB_EVENT_LIST_FOR_USER_BETWEEN, "sa_job_event_org_user_idx"),
 ])
@@ -363,6 +461,7 @@ def test_the_feeds_read_one_orgs_events_through_their_index(
     many_jobs.execute("ANALYZE sa_job_event")
     nodes = plan_nodes(many_jobs, statement, {
         "org_id": 7, "user_id": 1, "after": 0, "upto": 2**62, "limit": 100, "text_chars": 100,
+        "before": 2**62, "scan": 5000,
         "max_bytes": 1_048_576,
         "since": datetime(2000, 1, 1, tzinfo=UTC)})
     assert index in {node.get("Index Name") for node in nodes}

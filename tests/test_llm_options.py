@@ -3,6 +3,7 @@ provider over real HTTP, shown by GET /jobs."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import falcon.testing
@@ -10,7 +11,9 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.settings import Settings
 from jobqueue.devtools.fake_provider import FakeProvider
+from service.app import create_app
 from tests.helpers import WorkerHarness, fetch_one, submit
 
 API = "/sa-core/v1"
@@ -77,3 +80,16 @@ def test_bad_options_are_422_naming_the_field(client: falcon.testing.TestClient,
     assert result.status_code == 422, result.text
     assert result.json["description"].startswith(f"{named}:")
     assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"] == 0
+
+
+def test_a_system_prompt_is_bounded_as_a_prompt_is(settings: Settings, pool: ConnectionPool[DictConnection],
+                                                   auth: dict[str, str]) -> None:
+    client = falcon.testing.TestClient(create_app(replace(settings, max_prompt_chars=50), pool))
+    refused = client.simulate_post(f"{API}/prompt", json={"text": "hi", "options": {"system": "s" * 51}},
+                                   headers=auth)
+    assert refused.status_code == 422, refused.text
+    assert refused.json["description"] == "options.system: must be at most 50 characters"
+    assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"] == 0
+    accepted = client.simulate_post(f"{API}/prompt", json={"text": "hi", "options": {"system": "s" * 50}},
+                                    headers=auth)
+    assert accepted.status_code == 202, accepted.text

@@ -781,3 +781,44 @@ def test_the_operator_view_shows_every_orgs_queue_and_cancels_and_retries(
     user.cancel(blockers[1])
     states = httpx.get(f"{web}{API}/prompts/{failing['prompt_id']}", headers=user.headers).json()
     assert [j["state"] for j in states["jobs"]][1] == "superseded"
+
+
+_READS = """
+return performance.getEntriesByType('resource').map((e) => new URL(e.name).pathname)
+  .filter((path) => path.endsWith(arguments[0])).length;
+"""
+
+
+def reads(driver: WebDriver, path: str) -> int:
+    """How many requests the page made to `path` (an API route) since it loaded."""
+    count: int = driver.execute_script(_READS, path)
+    return count
+
+
+def test_a_reopened_page_loads_the_present_not_the_history_and_applies_events_as_they_come(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    sent = [viewer.submit(f"later {n}", delay_seconds=3600) for n in range(60)]
+    viewer.sign_in(page)
+    until(page, lambda d: drop(d, "later 59") and drop(d, "later 10"))
+    assert drop(page, "later 9") is None
+    assert (reads(page, "/mission/prompts"), reads(page, "/mission/recent")) == (1, 0)
+    older = until(page, lambda d: _visible(d, "older"))
+    older.click()
+    until(page, lambda d: drop(d, "later 0"))
+    until(page, lambda d: not d.find_element(By.ID, "older").is_displayed())
+    until(page, lambda d: connection(d) == "live")
+
+    # NOTE: cancelled, retried as new jobs, run and answered elsewhere: every change reaches the
+    # page as an event and is applied from its data, with no read of the feed.
+    for n in range(55, 60):
+        viewer.cancel(sent[n]["job_id"])
+        drop_in(page, f"later {n}", "cancelled")
+    for n in range(55, 60):
+        retried = httpx.post(f"{web}{API}/prompts/{sent[n]['prompt_id']}/retry",
+                             headers=viewer.headers, timeout=10)
+        assert retried.status_code == 202, retried.text
+    for n in range(55, 60):
+        assert drop_in(page, f"later {n}", "succeeded")["response"] == f"echo[1]: user:later {n}"
+    assert reads(page, "/mission/recent") == 0

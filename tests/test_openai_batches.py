@@ -17,6 +17,7 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.routes import load_routes
 from jobqueue.core.settings import Settings
 from jobqueue.runtime.batch_keeper import BatchCounts, BatchKeeper
 from jobqueue.runtime.retention import Retention
@@ -283,17 +284,54 @@ def test_a_batch_none_of_whose_lines_can_run_fails_naming_them(
         base: str, auth: dict[str, str], settings: Settings,
         pool: ConnectionPool[DictConnection]) -> None:
     client = _client(base, auth)
-    input_id = _upload(client, [b"[]", _line("m", "x", n=3), _line("u", "x") | {"url": "/v1/x"}])
+    # NOTE: a `prefer_provider` naming no route is refused like the chat route refuses it; the
+    # worker would pass it over without a word.
+    input_id = _upload(client, [b"[]", _line("m", "x", n=3), _line("u", "x") | {"url": "/v1/x"},
+                                _line("p", "x", prefer_provider="nowhere")])
     with running_keeper(settings, pool):
         batch = client.batches.create(input_file_id=input_id, endpoint="/v1/chat/completions",
                                       completion_window="24h")
         done = _finished(client, batch.id, "failed")
     assert done.failed_at is not None and done.errors is not None and done.errors.data
     assert [(e.line, e.code) for e in done.errors.data] == [
-        (1, "invalid_request"), (2, "invalid_value"), (3, "invalid_url")]
+        (1, "invalid_request"), (2, "invalid_value"), (3, "invalid_url"), (4, "invalid_value")]
+    prefer = done.errors.data[3]
+    assert prefer.param == "body.prefer_provider"
+    assert prefer.message == ("No route `nowhere` serves the model `fake-model` (known routes "
+                              "serving it: default).")
     assert fetch_all(pool, "SELECT id FROM sa_job") == []
     with pytest.raises(openai.ConflictError):
         client.batches.cancel(batch.id)
+
+
+def test_a_line_whose_model_or_prefer_provider_no_route_serves_is_a_line_error(
+        auth: dict[str, str], settings: Settings, pool: ConnectionPool[DictConnection],
+        workers: WorkerHarness) -> None:
+    routes = {"routes": [{"name": "other", "base_url": settings.provider_url,
+                          "models": ["m-other"]}]}
+    routed = replace(settings, provider_routes=load_routes(
+        {"SA_PROVIDER_ROUTES": json.dumps(routes)}))
+    lines = [_line("preferred", "hello", prefer_provider="default"),
+             _line("elsewhere", "hello", prefer_provider="other"),
+             _line("nowhere", "hello") | {"body": {
+                 "model": "m-none", "messages": [{"role": "user", "content": "hello"}]}}]
+    workers.start(listen=True, poll_interval=600)
+    with serve_app(routed, pool) as url, running_keeper(routed, pool):
+        client = _client(url, auth)
+        batch = client.batches.create(input_file_id=_upload(client, lines),
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        done = _finished(client, batch.id)
+        output = _lines_of(client, done.output_file_id)
+        errors = _lines_of(client, done.error_file_id)
+    assert done.request_counts is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 2)
+    assert output["preferred"]["response"]["status_code"] == 200
+    assert (errors["elsewhere"]["error"]["code"], errors["elsewhere"]["error"]["message"]) == (
+        "invalid_value", "No route `other` serves the model `fake-model` (known routes serving "
+        "it: default).")
+    assert errors["nowhere"]["error"]["code"] == "model_not_found"
+    # NOTE: only the line that can run became a job.
+    assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job")["n"] == 1
 
 
 def test_retention_removes_expired_files_and_old_batches(

@@ -17,6 +17,8 @@ from jobqueue.core.queries import batch as q
 from jobqueue.core.queries import file as file_q
 from tests.helpers import plan_nodes
 
+pytestmark = pytest.mark.usefixtures("truncated_tables")
+
 BATCH, FILE = uuid.uuid4(), uuid.uuid4()
 
 

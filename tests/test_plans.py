@@ -23,10 +23,12 @@ from typing import Any
 import pytest
 from psycopg_pool import ConnectionPool
 
+from jobqueue.core.console import JobFilter
 from jobqueue.core.db import DictConnection
 from jobqueue.core.queries import answer as answer_q
 from jobqueue.core.queries import chain as chain_q
 from jobqueue.core.queries import claim as claim_q
+from jobqueue.core.queries import console as console_q
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import job_event as event_q
@@ -36,6 +38,8 @@ from jobqueue.core.queries import partial as partial_q
 from jobqueue.core.queries import route as route_q
 from jobqueue.engine.claim import DEFAULT_DEPTH
 from tests.helpers import plan_tree
+
+pytestmark = pytest.mark.usefixtures("truncated_tables")
 
 BACKLOG = 100_000
 HISTORY = 2_000
@@ -68,14 +72,22 @@ _FINALIZE = {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3,
              "http_status": [200, 503, 400], "response_id": [uuid.uuid4(), None, None],
              "content": ["a", None, None], "error_kind": [None, "provider_5xx", "provider_4xx"],
              "error_message": [None, "boom", "bad"], "delay": [None, 1.5, None],
-             "spend_attempt": [True, True, True]}
+             "spend_attempt": [True, True, True], "route": ["r"] * 3, "cost": [0.001, None, None],
+             "next_route": [None, "r2", None]}
 _ENQUEUE = {"parent_id": None, "org_id": 1, "user_id": 1, "text": "t", "priority": 50,
             "max_attempts": 3, "options": "{}", "max_queued": 0, "idempotency_key": "k",
             "request_hash": "h", "key_ttl": 86400, "run_at": None, "delay_seconds": None,
             "after": None, "max_chain_depth": 1000,
             "prompt_id": uuid.uuid4(), "job_id": uuid.uuid4()}
 _CLAIM = {"claim": "w", "limit": 32, "ceiling": 100, "default_depth": DEFAULT_DEPTH, "org_cap": 4,
-          "aging": 300.0}
+          "aging": 300.0, "held_orgs": [7]}
+
+_NO_CURSOR = {"after_at": None, "after_id": None}
+# NOTE: the operator console's filter, every part given (the text search probes the prompts).
+_CONSOLE_FILTER = {**JobFilter(states=("queued", "failed"), org_id=1, models=("m",),
+                               other_models=("n",), default_model="m", error_kind="timeout",
+                               since=datetime(2026, 1, 1, tzinfo=UTC), text="needle").params(),
+                   "after_at": datetime.now(UTC), "after_id": uuid.uuid4()}
 
 HOT_PATH = [
     HotStatement("enqueue", entity_q.PROMPT_INSERT_WITH_JOB, _ENQUEUE),
@@ -152,6 +164,25 @@ HOT_PATH = [
     HotStatement("route_pauses_active", route_q.ROUTE_PAUSES_ACTIVE, {}),
     HotStatement("route_window_take", route_q.ROUTE_WINDOW_TAKE,
                  {"route": "r", "rpm": 10, "tpm": 0, "window": 60.0}),
+    # NOTE: not the hot path, but the large reads of the operator console (/ops/), which an open
+    # console repeats: a keyset page of every org's jobs, with or without a filter, the count
+    # shown before a bulk action and each of its batches (jobqueue/core/queries/console.py).
+    HotStatement("console_page", console_q.JOB_LIST_FOR_CONSOLE_PAGE,
+                 {**JobFilter().params(), **_NO_CURSOR, "limit": 51},
+                 console_q.CONSOLE_PLAN_SETTINGS),
+    HotStatement("console_page_filtered", console_q.JOB_LIST_FOR_CONSOLE_PAGE,
+                 {**_CONSOLE_FILTER, "limit": 51}, console_q.CONSOLE_PLAN_SETTINGS),
+    HotStatement("console_count_capped", console_q.JOB_COUNT_FOR_CONSOLE_CAPPED,
+                 {**_CONSOLE_FILTER, "cap": 10_001}, console_q.CONSOLE_PLAN_SETTINGS),
+    HotStatement("console_bulk_ids", console_q.JOB_LIST_IDS_FOR_CONSOLE_PAGE,
+                 {**JobFilter(states=("queued", "running"), org_id=1).params(), **_NO_CURSOR,
+                  "limit": 500}, console_q.CONSOLE_PLAN_SETTINGS),
+    HotStatement("console_cancel_many", console_q.JOB_CANCEL_MANY_IF_ACTIVE,
+                 {"ids": _IDS, "reason": "r"}),
+    HotStatement("console_retry_many", console_q.JOB_RETRY_MANY_IF_FINISHED, {"ids": _IDS}),
+    HotStatement("console_workers", console_q.WORKER_LIST_FROM_CLAIMS, {}, reads_backlog=True),
+    HotStatement("console_charts", console_q.JOB_EVENT_PER_MINUTE_SINCE,
+                 {"since": datetime.now(UTC)}),
 ]
 
 

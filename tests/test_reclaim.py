@@ -181,7 +181,7 @@ def test_reclaim_pages_through_many_jobs_in_batches(
 
 
 def test_reclaim_statement_is_served_by_the_heartbeat_index(
-    pool: ConnectionPool[DictConnection],
+    pool: ConnectionPool[DictConnection], truncated_tables: None,
 ) -> None:
     params = {"now": None, "stale_after": 1.0, "stuck_after": 5.0, "limit": 10,
               "after_heartbeat": None, "after_id": None}

@@ -89,6 +89,12 @@ def _is_caller(org_id: int, user_id: int) -> Check:
     return check
 
 
+def _spend_of(org_id: int) -> Check:
+    def check(result: falcon.testing.Result, w: World) -> None:
+        assert result.json["org_id"] == org_id
+    return check
+
+
 @dataclass(frozen=True)
 class Case:
     """One scoped route: what a stranger (org 2) and a teammate (org 1, user 11) get."""
@@ -136,12 +142,37 @@ CASES = [
          200, 200, stranger_check=_sees_no_items, teammate_check=_sees_items),
     Case("see who I am", "GET", f"{P}/session", f"{P}/session", 200, 200,
          stranger_check=_is_caller(2, 20), teammate_check=_is_caller(1, 11)),
+    Case("see my org's spend and budgets", "GET", f"{P}/usage", f"{P}/usage", 200, 200,
+         stranger_check=_spend_of(2), teammate_check=_spend_of(1)),
     Case("read the operator view without the ops scope", "GET", f"{P}/ops/overview",
          f"{P}/ops/overview", 403, 403),
     Case("cancel as an operator without the ops scope", "POST",
          f"{P}/ops/jobs/{{job_id:uuid}}/cancel", f"{P}/ops/jobs/{{queued_job}}/cancel", 403, 403),
     Case("retry as an operator without the ops scope", "POST",
          f"{P}/ops/jobs/{{job_id:uuid}}/retry", f"{P}/ops/jobs/{{done_job}}/retry", 403, 403),
+    # NOTE: the operator console's routes: every org's jobs, so the ops scope or nothing.
+    Case("explore every org's jobs without the ops scope", "GET", f"{P}/ops/jobs",
+         f"{P}/ops/jobs?org=1", 403, 403),
+    Case("count every org's jobs without the ops scope", "GET", f"{P}/ops/jobs/count",
+         f"{P}/ops/jobs/count?org=1", 403, 403),
+    Case("read a job's history without the ops scope", "GET", f"{P}/ops/jobs/{{job_id:uuid}}",
+         f"{P}/ops/jobs/{{done_job}}", 403, 403),
+    Case("bulk cancel without the ops scope", "POST", f"{P}/ops/bulk/cancel",
+         f"{P}/ops/bulk/cancel?org=1&max_jobs=10", 403, 403),
+    Case("bulk retry without the ops scope", "POST", f"{P}/ops/bulk/retry",
+         f"{P}/ops/bulk/retry", 403, 403, body={"ids": ["{done_job}"]}),
+    Case("read the operators' log without the ops scope", "GET", f"{P}/ops/actions",
+         f"{P}/ops/actions", 403, 403),
+    Case("read the routes without the ops scope", "GET", f"{P}/ops/routes", f"{P}/ops/routes",
+         403, 403),
+    Case("pause a route without the ops scope", "POST", f"{P}/ops/routes/pause",
+         f"{P}/ops/routes/pause", 403, 403, body={"route": "default", "seconds": 60}),
+    Case("resume a route without the ops scope", "POST", f"{P}/ops/routes/resume",
+         f"{P}/ops/routes/resume", 403, 403, body={"route": "default"}),
+    Case("read the workers without the ops scope", "GET", f"{P}/ops/workers", f"{P}/ops/workers",
+         403, 403),
+    Case("read the charts without the ops scope", "GET", f"{P}/ops/charts", f"{P}/ops/charts",
+         403, 403),
 ]
 
 # NOTE: the event stream never ends, so it is proven where streams are read concurrently:
@@ -216,8 +247,10 @@ def _fill(body: dict[str, Any] | None, world: World) -> dict[str, Any] | None:
 def _fill_value(value: Any, world: World) -> Any:
     if isinstance(value, str):
         return world.fill(value)
+    if isinstance(value, dict):
+        return _fill(value, world)
     if isinstance(value, list):
-        return [_fill(item, world) for item in value]
+        return [_fill_value(item, world) for item in value]
     return value
 
 

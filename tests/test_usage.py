@@ -32,8 +32,10 @@ def test_jobs_and_prompts_show_the_tokens_of_each_attempt(
         return job if job["state"] == "succeeded" else None
 
     job = wait_for(finished)
-    assert job["usage"] == [{"attempt": 1, "tokens_in": None, "tokens_out": None},
-                            {"attempt": 2, "tokens_in": 4, "tokens_out": 5}]
+    # NOTE: no prices configured: the cost is unknown (null), never a made-up zero.
+    assert job["usage"] == [
+        {"attempt": 1, "tokens_in": None, "tokens_out": None, "route": "default", "cost": None},
+        {"attempt": 2, "tokens_in": 4, "tokens_out": 5, "route": "default", "cost": None}]
     prompt = client.simulate_get(f"{API}/prompts/{done['prompt_id']}", headers=auth).json
     assert prompt["jobs"][0]["usage"] == job["usage"]
 
@@ -77,7 +79,7 @@ def test_usage_refuses_a_bad_range(cli: Cli, capsys: pytest.CaptureFixture[str])
 
 
 def test_the_usage_range_is_served_by_the_ledger_brin_indexes(
-        pool: ConnectionPool[DictConnection]) -> None:
+        pool: ConnectionPool[DictConnection], truncated_tables: None) -> None:
     with pool.connection() as conn, conn.transaction(force_rollback=True):
         conn.execute("SET LOCAL enable_seqscan = off")
         plan = conn.execute("EXPLAIN (FORMAT JSON) " + inspection_q.LEDGER_USAGE_SINCE,

@@ -24,6 +24,10 @@ class CallRecord:
     http_status: int | None
     tokens_in: int | None = None
     tokens_out: int | None = None
+    route: str | None = None
+    """The route called (None: none was)."""
+    cost: float | None = None
+    """USD at the route's prices (None: no price, or no tokens reported)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class CallFailed:
     message: str
     call: CallRecord
     retry_after: float | None = None
+    next_route: str | None = None
+    """The fallback route the next attempt calls, when the call's route failed over."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,8 @@ class CallThrottled:
     message: str
     delay: float
     call: CallRecord
+    next_route: str | None = None
+    """The fallback route the job moves to rather than wait for its route (delay 0 then)."""
 
 
 AttemptResult = CallSucceeded | CallFailed | CallThrottled

@@ -211,7 +211,9 @@ def _check_noops(body: dict[str, Any]) -> None:
 _MAPPED = frozenset({"model", "messages", "temperature", "top_p", "max_tokens",
                      "max_completion_tokens", "stop", "seed", "response_format",
                      "presence_penalty", "frequency_penalty", "stream", "stream_options", "n",
-                     "logprobs", "store"})
+                     "logprobs", "store", "prefer_provider"})
+"""OpenAI's fields sa-core honours, and `prefer_provider`, its own (an SDK's `extra_body`): the
+model route to call among those serving the model."""
 
 
 def _options(body: dict[str, Any]) -> dict[str, Any]:
@@ -236,6 +238,9 @@ def _options(body: dict[str, Any]) -> dict[str, Any]:
         options["seed"] = _integer(given["seed"], "seed", -MAX_SEED - 1, MAX_SEED)
     if "response_format" in given:
         options["response_format"] = _response_format(given["response_format"])
+    if "prefer_provider" in given:
+        options["prefer_provider"] = _text(given["prefer_provider"], "prefer_provider",
+                                           MAX_MODEL_CHARS)
     return options
 
 

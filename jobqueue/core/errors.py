@@ -1,6 +1,7 @@
 """Domain errors, mapped to HTTP in one place (service.app) and to exit codes in the CLI."""
 
-__all__ = ["Conflict", "IdempotencyKeyReused", "InvalidInput", "JobQueueError", "NotFound", "QueueFull"]
+__all__ = ["Conflict", "IdempotencyKeyReused", "InvalidInput", "JobQueueError", "NotFound", "OverBudget",
+           "QueueFull"]
 
 
 class JobQueueError(Exception):
@@ -58,3 +59,9 @@ class SignInBusy(TryLater):
     without holding a database connection while they wait."""
 
     title = "Sign-in under way"
+
+
+class OverBudget(TryLater):
+    """The caller's org has spent its budget (SA_ORG_BUDGET_DAILY/_MONTHLY) until it resets."""
+
+    title = "Budget spent"

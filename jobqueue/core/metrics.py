@@ -18,9 +18,11 @@ __all__ = [
     "FAILURES",
     "HTTP_REQUEST_SECONDS",
     "OLDEST_QUEUED_SECONDS",
+    "PROVIDER_COST",
     "PROVIDER_REQUEST_SECONDS",
     "PROVIDER_TOKENS",
     "QUEUE_DEPTH",
+    "ROUTE_FALLBACKS",
     "ROUTE_THROTTLED",
     "RUN_SECONDS",
     "SSE_STREAMS_OPEN",
@@ -53,6 +55,14 @@ PROVIDER_REQUEST_SECONDS = Histogram("sa_provider_request_seconds", "Provider ca
 PROVIDER_TOKENS = Counter("sa_provider_tokens_total",
                           "Tokens the provider reported, by model route and direction (in, out).",
                           ["route", "direction"])
+PROVIDER_COST = Counter("sa_provider_cost_total",
+                        "USD spent on provider calls at the routes' configured prices, by route.",
+                        ["route"])
+# NOTE: an extension of the contract's list: jobs whose next attempt moved from `route` to its
+# fallback `to_route` (a 5xx, a timeout, a 429 pausing the route past SA_FALLBACK_AFTER).
+ROUTE_FALLBACKS = Counter("sa_route_fallbacks_total",
+                          "Jobs moved from a model route to one of its fallbacks.",
+                          ["route", "to_route"])
 # NOTE: an extension of the contract's list: one count per throttling episode (a route that was
 # running is paused), by `reason` (`429` from the provider, `limit` for a configured RPM/TPM).
 ROUTE_THROTTLED = Counter("sa_route_throttled_total",

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from jobqueue.core.pricing import Prices, parse_prices
+
 __all__ = ["ANY_MODEL", "DEFAULT_ROUTE", "Route", "RouteError", "Routes", "default_routes",
            "load_routes"]
 
@@ -26,7 +28,7 @@ DEFAULT_ROUTE = "default"
 AuthStyle = Literal["bearer", "api-key"]
 _AUTH_STYLES: tuple[AuthStyle, ...] = ("bearer", "api-key")
 _KEYS = frozenset({"name", "base_url", "api_key_env", "auth", "query", "models", "stream", "rpm",
-                   "tpm"})
+                   "tpm", "fallbacks", "prices"})
 
 
 class RouteError(ValueError):
@@ -46,6 +48,10 @@ class Route:
     stream: bool = False
     rpm: int = 0
     tpm: int = 0
+    fallbacks: tuple[str, ...] = ()
+    """Routes a failed call moves the job's next attempt to, in order (jobqueue/core/fallback.py)."""
+    prices: Prices | None = None
+    """USD per million tokens (jobqueue/core/pricing.py); None: calls cost nothing known."""
 
     @property
     def url(self) -> str:
@@ -78,6 +84,10 @@ class Routes:
         model = model or self.default_model
         exact = next((r for r in self.routes if model in r.models), None)
         return exact or next((r for r in self.routes if ANY_MODEL in r.models), None)
+
+    def named(self, name: str) -> Route | None:
+        """The route called `name`, or None."""
+        return next((r for r in self.routes if r.name == name), None)
 
     @property
     def known_models(self) -> list[str]:
@@ -120,6 +130,12 @@ def load_routes(env: Mapping[str, str]) -> tuple[Route, ...]:
     if duplicate:
         raise RouteError(f"routes: the name {duplicate!r} is taken (`default` is the "
                          "SA_PROVIDER_* route)")
+    for route in routes:
+        unknown = next((f for f in route.fallbacks
+                        if f == route.name or (f not in names and f != DEFAULT_ROUTE)), None)
+        if unknown is not None:
+            raise RouteError(f"route {route.name!r}: fallbacks names {unknown!r}, which is not "
+                             f"another route (known: {', '.join([*names, DEFAULT_ROUTE])})")
     return routes
 
 
@@ -175,5 +191,13 @@ def _route(item: Any, index: int, env: Mapping[str, str]) -> Route:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise RouteError(f"{where}: {limit} must be an integer >= 0 (0: no limit)")
         limits[limit] = value
+    fallbacks = item.get("fallbacks", [])
+    if not isinstance(fallbacks, list) or not all(isinstance(f, str) and f for f in fallbacks):
+        raise RouteError(f"{where}: fallbacks must be a list of route names")
+    try:
+        prices = parse_prices(item.get("prices"), f"{where}: prices")
+    except ValueError as exc:
+        raise RouteError(str(exc)) from None
     return Route(name, base_url.rstrip("/"), env.get(key_var, "") if key_var else "",
-                 auth, tuple(sorted(query.items())), tuple(models), stream, **limits)
+                 auth, tuple(sorted(query.items())), tuple(models), stream, **limits,
+                 fallbacks=tuple(fallbacks), prices=prices)

@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from jobqueue.core.budget import Budgets
 from jobqueue.core.routes import Route, RouteError, Routes, default_routes, load_routes
 
 __all__ = ["DEFAULT_CHAIN_MAX_DEPTH", "DEFAULT_MAX_RESPONSE_BYTES", "DEFAULT_NOTIFY_INTERVAL",
@@ -59,6 +60,18 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
         raise SettingsError(f"{name} must be a number of seconds, got {raw!r}") from None
     if not value > minimum:
         raise SettingsError(f"{name} must be greater than {minimum}, got {raw!r}")
+    return value
+
+
+def _usd(env: Mapping[str, str], name: str) -> float:
+    """An amount of US dollars, 0 (the default) for none."""
+    raw = env.get(name) or "0"
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be an amount of USD (0: none), got {raw!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise SettingsError(f"{name} must be an amount of USD >= 0 (0: none), got {raw!r}")
     return value
 
 
@@ -232,6 +245,9 @@ class Settings:
     backoff_cap: float = 3600.0
     rate_limit_min_wait: float = 60.0
     throttle_max_wait: float = 3600.0
+    fallback_after: float = 10.0
+    org_budget_daily: float = 0.0
+    org_budget_monthly: float = 0.0
     route_limit_window: float = 60.0
     stream_interval: float = 0.075
     shutdown_grace: float = 30.0
@@ -284,6 +300,7 @@ class Settings:
     page_max_bytes: int = 1_048_576
     sessions_per_token: int = 20
     batch_max_bytes: int = 4 * 1_048_576
+    ops_bulk_batch: int = 500
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
@@ -330,6 +347,9 @@ class Settings:
             rate_limit_min_wait=_float(env, "SA_RATE_LIMIT_MIN_WAIT", 60.0, minimum=-1.0),
             throttle_max_wait=_float(env, "SA_THROTTLE_MAX_WAIT", 3600.0, minimum=-1.0),
             route_limit_window=_float(env, "SA_ROUTE_LIMIT_WINDOW", 60.0),
+            fallback_after=_float(env, "SA_FALLBACK_AFTER", 10.0, minimum=-1.0),
+            org_budget_daily=_usd(env, "SA_ORG_BUDGET_DAILY"),
+            org_budget_monthly=_usd(env, "SA_ORG_BUDGET_MONTHLY"),
             stream_interval=_float(env, "SA_STREAM_INTERVAL", 0.075),
             shutdown_grace=_float(env, "SA_SHUTDOWN_GRACE", 30.0, minimum=-1.0),
             listen=env.get("SA_LISTEN", "1") != "0",
@@ -376,12 +396,18 @@ class Settings:
             page_max_bytes=_int(env, "SA_PAGE_MAX_BYTES", 1_048_576, minimum=1024),
             sessions_per_token=_int(env, "SA_SESSIONS_PER_TOKEN", 20),
             batch_max_bytes=_int(env, "SA_BATCH_MAX_BYTES", 4 * 1_048_576),
+            ops_bulk_batch=_int(env, "SA_OPS_BULK_BATCH", 500),
         )
 
     @property
     def gate_refresh(self) -> float:
         """How stale a worker's copy of the route pauses may be: the poll interval, at most 0.5 s."""
         return min(self.poll_interval, 0.5)
+
+    @property
+    def budgets(self) -> Budgets:
+        """The per-org budgets (SA_ORG_BUDGET_DAILY / _MONTHLY; 0: none)."""
+        return Budgets(self.org_budget_daily, self.org_budget_monthly)
 
     @property
     def routes(self) -> Routes:

@@ -36,7 +36,7 @@ from jobqueue.core.errors import SignInBusy
 from jobqueue.core.queries import session as session_q
 from jobqueue.core.queries import token as q
 
-__all__ = ["OPS_SCOPE", "SCOPES", "Authenticator", "Caller", "IssuedToken", "OpenedSession",
+__all__ = ["OPS_READ_SCOPE", "OPS_SCOPE", "SCOPES", "Authenticator", "Caller", "IssuedToken", "OpenedSession",
            "RevokedToken", "close_session", "create_token", "hash_token", "issue_token",
            "open_session", "revoke_token"]
 
@@ -45,8 +45,11 @@ TOKEN_PREFIX = "sa_"
 OPS_SCOPE = "ops"
 """Lets a token read and steer every org's jobs through /sa-core/v1/ops/ (the operator view)."""
 
-SCOPES = (OPS_SCOPE,)
-"""Every scope a token may carry (sa_api_token_scopes_known in 0011_token_scopes_sessions.sql)."""
+OPS_READ_SCOPE = "ops:read"
+"""Lets a token read everything the `ops` scope reads (the console's views), and change nothing."""
+
+SCOPES = (OPS_SCOPE, OPS_READ_SCOPE)
+"""Every scope a token may carry (sa_api_token_scopes_known, last set in 0032_ops_console.sql)."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ rows, so a keeper that dies mid-slice leaves nothing half-read.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +18,10 @@ import psycopg
 
 from jobqueue.core.chat import ChatInvalid, parse_chat
 from jobqueue.core.db import DictConnection
+from jobqueue.core.fallback import named_serving, serves
 from jobqueue.core.queries import batch as q
 from jobqueue.core.queries import file as file_q
+from jobqueue.core.routes import Routes
 from jobqueue.engine.files import FILE_CHUNK_BYTES
 
 __all__ = ["LineRules", "Slice", "validate_slice"]
@@ -36,11 +38,12 @@ Row = dict[str, Any]
 
 @dataclass(frozen=True)
 class LineRules:
-    """How lines are judged: the batch's endpoint, the text bound, the line bound, the models."""
+    """How lines are judged: the text bound, the line bound, and the routes a line may name (its
+    model, its `prefer_provider`); with no routes (a keeper configured with none) any passes."""
 
     max_chars: int
     max_line_bytes: int
-    routable: Callable[[str], bool]
+    routes: Routes
 
 
 @dataclass(frozen=True)
@@ -102,12 +105,30 @@ def _judge(raw: bytes, number: int, endpoint: str, rules: LineRules) -> _Line:
         except ChatInvalid as exc:
             line.error = _error(exc.code, exc.message, f"body.{exc.param}" if exc.param else "body")
             return line
-        if not rules.routable(request.model):
-            line.error = _error("model_not_found", f"The model `{request.model}` does not exist "
-                                "or no route serves it.", "body.model")
-            return line
-        line.text, line.options = request.text, request.options
+        line.error = _route_error(request.model, request.options.get("prefer_provider"),
+                                  rules.routes)
+        if line.error is None:
+            line.text, line.options = request.text, request.options
     return line
+
+
+def _route_error(model: str, prefer: str | None, routes: Routes) -> dict[str, Any] | None:
+    """Why no route can run a line's model (or its `prefer_provider`), as the chat route says.
+
+    NOTE: the worker passes over, without a word, a `prefer_provider` that names no route
+    serving the model (route_for), so such a line is refused here, as POST /prompt and the chat
+    route refuse one.
+    """
+    if not routes:
+        return None
+    if routes.for_model(model) is None:
+        return _error("model_not_found", f"The model `{model}` does not exist or no route "
+                      "serves it.", "body.model")
+    if prefer is not None and named_serving(routes, prefer, model) is None:
+        serving = ", ".join(r.name for r in routes.routes if serves(r, model))
+        return _error("invalid_value", f"No route `{prefer}` serves the model `{model}` (known "
+                      f"routes serving it: {serving}).", "body.prefer_provider")
+    return None
 
 
 def _lines(conn: DictConnection, file_id: Any, start: int, max_line_bytes: int

@@ -66,6 +66,8 @@ class ClaimedJob:
     claim: str
     claimed_monotonic: float
     context: list[dict[str, str]]
+    route: str | None = None
+    """The route an earlier attempt failed over to (sa_job.route), which this one calls."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def options_error(options: object) -> str | None:
         depth = options["depth"]
         if isinstance(depth, bool) or not isinstance(depth, int) or not 0 <= depth <= MAX_DEPTH:
             return f"execution_options.depth must be an integer within 0..{MAX_DEPTH}, got {depth!r:.80}"
-    for name in ("model", "system"):
+    for name in ("model", "system", "prefer_provider"):
         if name in options and not isinstance(options[name], str):
             return f"execution_options.{name} must be a string, got {options[name]!r:.80}"
     if "messages" in options and not _messages_ok(options["messages"]):
@@ -120,6 +122,7 @@ def claim(
     priority_ceiling: int,
     org_max_running: int = 0,
     priority_aging: float = DEFAULT_PRIORITY_AGING,
+    held_orgs: Sequence[int] = (),
 ) -> list[ClaimedJob]:
     """Claims up to `limit` claimable jobs, most urgent (lowest priority number) then oldest first.
 
@@ -132,6 +135,7 @@ def claim(
             workers: capped claims serialize on an advisory lock).
         priority_aging: seconds after which a due job is claimed before every priority
             (`SA_PRIORITY_AGING`).
+        held_orgs: orgs whose queued jobs are not claimed now (past their budget).
 
     Returns:
         The claimed jobs in claim order.
@@ -140,7 +144,7 @@ def claim(
         return []
     params = {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling,
               "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH,
-              "aging": priority_aging}
+              "aging": priority_aging, "held_orgs": list(held_orgs)}
     # PERF: BEGIN, the plan settings and COMMIT cost three short round trips more than the lone
     # statement; they buy a claim whose cost does not grow with the backlog (see the settings).
     with pool.connection() as conn, metrics.CLAIM_SECONDS.time(), conn.cursor() as cur:
@@ -176,7 +180,7 @@ def claim(
             created_at=r["created_at"], scheduled_for=r["scheduled_for"],
             claimed_at=r["claimed_at"], throttled_at=r["throttled_at"], claim=worker_claim,
             claimed_monotonic=now,
-            context=r["context"],
+            context=r["context"], route=r["route"],
         )
         for r in rows
     ]

@@ -17,8 +17,9 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import wakeup
+from jobqueue.core.budget import Budgets
 from jobqueue.core.db import DictConnection, reconnecting
-from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, QueueFull
+from jobqueue.core.errors import IdempotencyKeyReused, InvalidInput, OverBudget, QueueFull
 from jobqueue.core.queries import entity as q
 from jobqueue.core.queries import idempotency as idempotency_q
 from jobqueue.core.queries import job as job_q
@@ -27,6 +28,7 @@ from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import transitions
 from jobqueue.engine.idempotency import request_fingerprint
+from jobqueue.engine.spend import check_budget
 
 __all__ = ["QUEUE_FULL_RETRY_AFTER", "Enqueued", "Submission", "enqueue",
            "enqueue_many"]
@@ -98,6 +100,7 @@ def enqueue(
     delay_seconds: int | None = None,
     after: uuid.UUID | None = None,
     max_chain_depth: int = DEFAULT_CHAIN_MAX_DEPTH,
+    budgets: Budgets | None = None,
 ) -> Enqueued:
     """Writes the prompt and a queued job in one statement (atomic), unless a guard says no.
 
@@ -118,6 +121,8 @@ def enqueue(
         after: a job (or prompt: its latest job) of the caller's org this one waits for; it runs
             once that one succeeded (and no sooner than `run_at` or `delay_seconds`).
         max_chain_depth: the most predecessors the new job may have in its chain.
+        budgets: the per-org budgets; an org past one gets no new job, but a repeat of a live
+            key is still replayed (`check_budget`, after the key).
 
     Returns:
         The new ids and state (or the original ones, for a replay).
@@ -128,6 +133,7 @@ def enqueue(
             already has `max_chain_depth` links.
         IdempotencyKeyReused: the key is bound to a different request.
         QueueFull: the org already has `max_queued` queued jobs.
+        OverBudget: the org has spent a budget, and the request is no replay.
     """
     opts = options or {}
     params: dict[str, Any] = {
@@ -150,6 +156,10 @@ def enqueue(
     if idempotency_key is not None:
         params["request_hash"] = Submission(text, parent_id, priority, max_attempts, opts, run_at,
                                             delay_seconds, after).fingerprint()
+    spent_key = _refuse_unless_replay(pool, caller, idempotency_key, budgets)
+    if spent_key is not None:
+        return _replayed(spent_key, params["request_hash"], caller)
+
     def attempt(conn: DictConnection) -> tuple[Row, Row | None]:
         row = _insert_or_find(conn, params, max_queued)
         if row["id"] is not None or idempotency_key is None:
@@ -164,10 +174,7 @@ def enqueue(
         # ids, which tell a committed first try (_insert_or_find).
         row, key_row = reconnecting(pool, attempt)
         if key_row is not None:
-            replayed = _replay(key_row, params["request_hash"])
-            log.info("job.enqueue_replayed", job_id=str(replayed.job_id),
-                     prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
-            return replayed
+            return _replayed(key_row, params["request_hash"], caller)
         if row["id"] is not None:
             scheduled = run_at is not None or bool(delay_seconds)
             if not row["waiting"]:
@@ -183,21 +190,33 @@ def enqueue(
                                user_id=caller.user_id, priority=priority, **extra)
             return Enqueued(prompt_id=row["prompt_id"], job_id=row["id"], state=row["state"],
                             created_at=row["created_at"])
-        if not row["parent_ok"]:
-            raise InvalidInput(f"parent_id {parent_id} does not name an existing entity")
-        if after is not None and row["after_state"] is None:
-            raise InvalidInput(f"after: {after} names no job or prompt of your organization")
-        if after is not None and row["after_state"] in _ENDED:
-            raise InvalidInput(f"after: its job is {row['after_state']} and will never succeed; "
-                               "retry it first")
-        if not row["depth_ok"]:
-            raise InvalidInput(f"after: its chain already has {max_chain_depth} jobs before this "
-                               "one (SA_CHAIN_MAX_DEPTH, the most allowed)")
-        if not row["under_cap"]:
-            raise QueueFull(
-                f"your organization already has {max_queued} queued jobs (the most allowed); "
-                "retry when some have started", retry_after=QUEUE_FULL_RETRY_AFTER)
+        _refuse(row, parent_id, after, max_chain_depth, max_queued)
     raise RuntimeError(f"enqueue: idempotency key kept changing hands ({_KEY_ATTEMPTS} tries)")
+
+
+def _refuse(row: Row, parent_id: uuid.UUID | None, after: uuid.UUID | None,
+            max_chain_depth: int, max_queued: int) -> None:
+    """Raises the guard that kept the enqueue statement from writing; returns when none did
+    (the key it found changed hands before it was read: the enqueue tries again).
+
+    Raises:
+        InvalidInput: the parent, the `after` job or its chain's depth.
+        QueueFull: the org's queued cap.
+    """
+    if not row["parent_ok"]:
+        raise InvalidInput(f"parent_id {parent_id} does not name an existing entity")
+    if after is not None and row["after_state"] is None:
+        raise InvalidInput(f"after: {after} names no job or prompt of your organization")
+    if after is not None and row["after_state"] in _ENDED:
+        raise InvalidInput(f"after: its job is {row['after_state']} and will never succeed; "
+                           "retry it first")
+    if not row["depth_ok"]:
+        raise InvalidInput(f"after: its chain already has {max_chain_depth} jobs before this "
+                           "one (SA_CHAIN_MAX_DEPTH, the most allowed)")
+    if not row["under_cap"]:
+        raise QueueFull(
+            f"your organization already has {max_queued} queued jobs (the most allowed); "
+            "retry when some have started", retry_after=QUEUE_FULL_RETRY_AFTER)
 
 
 def enqueue_many(
@@ -207,6 +226,7 @@ def enqueue_many(
     *,
     idempotency_key: str | None = None,
     max_queued: int = 0,
+    budgets: Budgets | None = None,
 ) -> list[Enqueued]:
     """Writes a batch of prompts and their queued jobs in one statement: all of them or none.
 
@@ -217,6 +237,7 @@ def enqueue_many(
         idempotency_key: one key for the whole batch; a repeat of the same batch within
             `KEY_TTL_SECONDS` answers the original ids (`replayed`) and writes nothing.
         max_queued: as for `enqueue`; the whole batch must fit.
+        budgets: as for `enqueue`: a repeat of a live key is replayed even past a budget.
 
     Returns:
         One Enqueued per item, in input order.
@@ -225,6 +246,7 @@ def enqueue_many(
         InvalidInput: some `parent_id` names no entity of the caller's org (each position named).
         IdempotencyKeyReused: the key is bound to a different request.
         QueueFull: the batch does not fit under the org's cap.
+        OverBudget: the org has spent a budget, and the request is no replay.
     """
     params: dict[str, Any] = {
         "org_id": caller.org_id, "user_id": caller.user_id,
@@ -242,6 +264,10 @@ def enqueue_many(
     if idempotency_key is not None:
         params["request_hash"] = hashlib.sha256(
             b"batch" + b"".join(item.fingerprint() for item in items)).digest()
+    spent_key = _refuse_unless_replay(pool, caller, idempotency_key, budgets)
+    if spent_key is not None:
+        return _replayed_many(spent_key, params["request_hash"], caller, len(items))
+
     def attempt(conn: DictConnection) -> tuple[Row, Row | None]:
         row = _insert_many_or_find(conn, params, max_queued)
         if row["written"] or idempotency_key is None:
@@ -257,12 +283,7 @@ def enqueue_many(
         # connection under the statement; the ids tell a committed first try.
         row, key_row = reconnecting(pool, attempt)
         if key_row is not None:
-            _replay(key_row, params["request_hash"])
-            log.info("job.enqueue_replayed", jobs=len(items), org_id=caller.org_id)
-            return [Enqueued(prompt_id=prompt_id, job_id=job_id, state="queued",
-                             created_at=key_row["created_at"], replayed=True)
-                    for prompt_id, job_id in zip(key_row["batch_prompt_ids"] or [],
-                                                 key_row["batch_job_ids"] or [], strict=True)]
+            return _replayed_many(key_row, params["request_hash"], caller, len(items))
         if row["written"]:
             sender = wakeup.for_pool(pool)
             if row["written"] > len(row["dues"] or ()):
@@ -332,6 +353,36 @@ def _insert_many_or_find(conn: DictConnection, params: dict[str, Any], max_queue
     return {"written": len(params["job_ids"]), "dues": None, "created_at": found["created_at"]}
 
 
+def _refuse_unless_replay(pool: ConnectionPool[DictConnection], caller: Caller, key: str | None,
+                          budgets: Budgets | None) -> Row | None:
+    """Refuses new work of an org past its budget; answers the key's row when it is a repeat.
+
+    NOTE: a repeat of a key is answered what its first request got, whatever the org spent
+    since: the replay comes before the budget, and only new work is refused.
+    PERF: the key is read only once the budget refuses, so a submit under budget costs the one
+    spend read it always did (none with no budget set), and a replay under budget is still told
+    by the enqueue statement itself.
+
+    Raises:
+        OverBudget: the org has spent a budget, and `key` is not a live key of the caller.
+    """
+    if budgets is None:
+        return None
+    try:
+        check_budget(pool, caller.org_id, budgets)
+    except OverBudget:
+        if key is None:
+            raise
+        with pool.connection() as conn:
+            key_row = conn.execute(idempotency_q.IDEMPOTENCY_KEY_GET_LIVE, {
+                "org_id": caller.org_id, "user_id": caller.user_id, "key": key,
+                "ttl": KEY_TTL_SECONDS}).fetchone()
+        if key_row is None:
+            raise
+        return key_row
+    return None
+
+
 def _replay(key_row: Row, request_hash: bytes) -> Enqueued:
     """Answers a repeated key: the original ids when the request is the same, else an error."""
     if not hmac.compare_digest(bytes(key_row["request_hash"]), request_hash):
@@ -340,3 +391,22 @@ def _replay(key_row: Row, request_hash: bytes) -> Enqueued:
             "use a new key for a new request")
     return Enqueued(prompt_id=key_row["prompt_id"], job_id=key_row["job_id"], state="queued",
                     created_at=key_row["created_at"], replayed=True)
+
+
+def _replayed(key_row: Row, request_hash: bytes, caller: Caller) -> Enqueued:
+    """A repeated prompt's answer (`_replay`), logged."""
+    replayed = _replay(key_row, request_hash)
+    log.info("job.enqueue_replayed", job_id=str(replayed.job_id),
+             prompt_id=str(replayed.prompt_id), org_id=caller.org_id)
+    return replayed
+
+
+def _replayed_many(key_row: Row, request_hash: bytes, caller: Caller,
+                   count: int) -> list[Enqueued]:
+    """A repeated batch's answer: its original ids in input order, logged (`_replay` checks)."""
+    _replay(key_row, request_hash)
+    log.info("job.enqueue_replayed", jobs=count, org_id=caller.org_id)
+    return [Enqueued(prompt_id=prompt_id, job_id=job_id, state="queued",
+                     created_at=key_row["created_at"], replayed=True)
+            for prompt_id, job_id in zip(key_row["batch_prompt_ids"] or [],
+                                         key_row["batch_job_ids"] or [], strict=True)]

@@ -50,7 +50,7 @@ RESPONSE_NAMESPACE = uuid.UUID("5d0c8f3e-2a61-4c1f-9a57-9b1f0f3c7a10")
 # NOTE: the columns of JOB_SET_STATE_IF_RUNNING_MANY's batch, one array each.
 _COLUMNS = ("job_id", "claim", "attempt", "to_state", "model", "tokens_in", "tokens_out",
             "latency_ms", "http_status", "response_id", "content", "error_kind", "error_message",
-            "delay", "spend_attempt")
+            "delay", "spend_attempt", "route", "cost", "next_route")
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,8 @@ def _finish(job: ClaimedJob, to_state: JobState, call: CallRecord, *,
     row: dict[str, object] = dict.fromkeys(_COLUMNS)
     row.update(job_id=job.id, claim=job.claim, attempt=job.attempt, to_state=to_state.value,
                model=call.model, tokens_in=call.tokens_in, tokens_out=call.tokens_out,
-               latency_ms=call.latency_ms, http_status=call.http_status,
+               latency_ms=call.latency_ms, http_status=call.http_status, route=call.route,
+               cost=call.cost,
                error_kind=error_kind.value if error_kind else None, delay=delay,
                spend_attempt=spend_attempt, **outcome)
     return Finish(job, to_state, error_kind, delay, row)
@@ -94,16 +95,21 @@ def succeeded(job: ClaimedJob, content: str, call: CallRecord) -> Finish:
     return _finish(job, JobState.SUCCEEDED, call, response_id=response_id_for(job), content=content)
 
 
-def requeued(job: ClaimedJob, kind: ErrorKind, message: str, delay: float, call: CallRecord) -> Finish:
-    """The job goes back to the queue for its next attempt, `delay` seconds from the write."""
-    return _finish(job, JobState.QUEUED, call, error_kind=kind, error_message=message, delay=delay)
+def requeued(job: ClaimedJob, kind: ErrorKind, message: str, delay: float, call: CallRecord,
+             next_route: str | None = None) -> Finish:
+    """The job goes back to the queue for its next attempt, `delay` seconds from the write
+    (on `next_route` when its route failed over)."""
+    return _finish(job, JobState.QUEUED, call, error_kind=kind, error_message=message, delay=delay,
+                   next_route=next_route)
 
 
-def throttled(job: ClaimedJob, message: str, delay: float, call: CallRecord) -> Finish:
-    """The job goes back to the queue with the same attempt, due when its route's pause ends:
-    a provider's rate limit is not the job's failure."""
+def throttled(job: ClaimedJob, message: str, delay: float, call: CallRecord,
+              next_route: str | None = None) -> Finish:
+    """The job goes back to the queue with the same attempt, due when its route's pause ends
+    (or at once on `next_route`): a provider's rate limit is not the job's failure."""
     return _finish(job, JobState.QUEUED, call, error_kind=ErrorKind.RATE_LIMIT,
-                   error_message=message, delay=delay, spend_attempt=False)
+                   error_message=message, delay=delay, spend_attempt=False,
+                   next_route=next_route)
 
 
 def failed(job: ClaimedJob, kind: ErrorKind, message: str, call: CallRecord) -> Finish:
@@ -120,10 +126,14 @@ def decided(job: ClaimedJob, result: AttemptResult, rules: FinishRules) -> Finis
         decision = decide(result.kind, job.attempt, job.max_attempts, result.retry_after,
                           rules.backoff, rules.rng)
         message = f"{result.message} ({decision.reason})"
+        if decision.action is RetryAction.RETRY and result.next_route is not None:
+            # NOTE: the backoff spares a struggling provider; the next attempt calls another.
+            return requeued(job, result.kind, f"{message}; next attempt on route "
+                            f"{result.next_route!r} at once", 0.0, result.call, result.next_route)
         if decision.action is RetryAction.RETRY:
             return requeued(job, result.kind, message, decision.delay, result.call)
         return failed(job, result.kind, message, result.call)
-    return throttled(job, result.message, result.delay, result.call)
+    return throttled(job, result.message, result.delay, result.call, result.next_route)
 
 
 def finish(pool: ConnectionPool[DictConnection],

@@ -214,10 +214,13 @@ def _render_details(details: JobDetails) -> str:
           e["attempt"], e["worker_claim"], _event_error(e)] for e in details.events])]
     if details.calls:
         lines += ["", f"provider calls ({len(details.calls)})", _table(
-            ["ATTEMPT", "AT", "MODEL", "HTTP", "LATENCY", "TOKENS IN/OUT", "OUTCOME"],
-            [[c["attempt"], _when(c["created_at"], millis=True), c["model"], c["http_status"],
-              f"{c['latency_ms']} ms", f"{_text(c['tokens_in'])}/{_text(c['tokens_out'])}",
-              c["outcome"]] for c in details.calls])]
+            ["ATTEMPT", "AT", "ROUTE", "MODEL", "HTTP", "LATENCY", "TOKENS IN/OUT", "COST USD",
+             "OUTCOME"],
+            [[c["attempt"], _when(c["created_at"], millis=True), _text(c["route"]), c["model"],
+              c["http_status"], f"{c['latency_ms']} ms",
+              f"{_text(c['tokens_in'])}/{_text(c['tokens_out'])}",
+              "" if c["cost"] is None else _usd(c["cost"]), c["outcome"]]
+             for c in details.calls])]
     return "\n".join(lines)
 
 
@@ -295,16 +298,22 @@ def _usage(args: argparse.Namespace) -> int:
     def run(pool: ConnectionPool[DictConnection]) -> Answer:
         since = args.since or parse_instant(_DEFAULT_WINDOW)
         rows = usage(pool, since, args.org)
-        totals = ["all", "", sum(r["calls"] for r in rows), sum(r["tokens_in"] for r in rows),
-                  sum(r["tokens_out"] for r in rows)]
+        totals = ["all", "", "", sum(r["calls"] for r in rows),
+                  sum(r["tokens_in"] for r in rows), sum(r["tokens_out"] for r in rows),
+                  _usd(sum(r["cost"] for r in rows))]
         lines = [f"provider usage since {_when(since)}" + ("" if args.org is None
                                                            else f", org {args.org}"), _table(
-            ["org", "model", "calls", "tokens_in", "tokens_out"],
-            [[r["org_id"], r["model"], r["calls"], r["tokens_in"], r["tokens_out"]]
-             for r in rows] + [totals])]
+            ["org", "model", "route", "calls", "tokens_in", "tokens_out", "cost_usd"],
+            [[r["org_id"], r["model"], _text(r["route"]), r["calls"], r["tokens_in"],
+              r["tokens_out"], _usd(r["cost"])] for r in rows] + [totals])]
         return Answer("\n".join(lines), {"since": since, "org_id": args.org, "items": rows})
 
     return with_cli_pool(run, args.json)
+
+
+def _usd(amount: float) -> str:
+    """USD to the millionth of a dollar (prices per million tokens make such amounts)."""
+    return f"{amount:.6f}"
 
 
 def add_operator_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -336,8 +345,9 @@ def add_operator_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     metrics.add_argument("--json", action="store_true", help="print a JSON document")
     metrics.set_defaults(func=_queue_metrics)
 
-    spent = sub.add_parser("usage", help="provider calls and tokens per org and model over a time "
-                                         "range (archived jobs included)", epilog=_EXIT_CODES)
+    spent = sub.add_parser("usage", help="provider calls, tokens and cost (USD) per org, model "
+                                         "and route over a time range (archived jobs included)",
+                           epilog=_EXIT_CODES)
     spent.add_argument("--org", type=_bounded(0, 2**63 - 1), metavar="N", help="only org N")
     spent.add_argument("--since", type=_instant, default=None, metavar="T",
                        help=f"start of the range (default 24h ago): {_INSTANT_HELP}")

@@ -40,7 +40,7 @@ def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
         org_max_running=settings.org_max_running, priority_aging=settings.priority_aging,
         poll_interval=settings.poll_interval, heartbeat_interval=settings.heartbeat_interval,
         cancel_check_interval=settings.cancel_check_interval,
-        shutdown_grace=settings.shutdown_grace,
+        shutdown_grace=settings.shutdown_grace, budgets=settings.budgets,
     ), **overrides)
 
 
@@ -116,6 +116,7 @@ def assemble_worker(
     executor = Executor(
         completer=completer, providers=built, backoff=backoff,
         gate=RouteGate(opened, refresh=settings.gate_refresh, window=settings.route_limit_window),
-        throttle_max_wait=settings.throttle_max_wait, deltas=deltas)
+        throttle_max_wait=settings.throttle_max_wait, deltas=deltas,
+        fallback_after=settings.fallback_after)
     return AssembledWorker(Worker(opened, executor, config, worker_id), opened, built, completer,
                            deltas, owns_pool=pool is None, owns_providers=providers is None)

@@ -23,7 +23,6 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.queries import batch as q
-from jobqueue.core.routes import Routes
 from jobqueue.core.settings import Settings
 from jobqueue.engine import batch_progress
 from jobqueue.engine.batch_lines import LineRules, validate_slice
@@ -112,7 +111,6 @@ class BatchKeeper:
         @classmethod
         def from_settings(cls, settings: Settings) -> BatchKeeper.Config:
             """The config the settings describe."""
-            routes = settings.routes
             return cls(
                 interval=settings.batch_interval, file_ttl=settings.file_ttl,
                 statement_timeout=min(settings.statement_timeout or 30.0, 15.0),
@@ -121,7 +119,7 @@ class BatchKeeper:
                                org_max_queued=settings.org_max_queued),
                 lines=LineRules(max_chars=settings.max_prompt_chars,
                                 max_line_bytes=settings.max_body_bytes,
-                                routable=_routable(routes)))
+                                routes=settings.routes))
 
     def __init__(self, pool: ConnectionPool[DictConnection], config: BatchKeeper.Config, *,
                  owns_pool: bool = False, on_round: Callable[[BatchCounts], None] | None = None,
@@ -269,10 +267,3 @@ class BatchKeeper:
         if step.status is not None:
             log.info("batch.status", status=step.status, batch_id=str(batch["id"]),
                      org_id=batch["org_id"])
-
-
-def _routable(routes: Routes) -> Callable[[str], bool]:
-    """Whether a model has a route; everything passes on a keeper configured with none."""
-    if not routes:
-        return lambda _model: True
-    return lambda model: routes.for_model(model) is not None

@@ -10,7 +10,9 @@ import structlog
 
 from jobqueue.core import metrics
 from jobqueue.core.attempt import CallFailed, CallRecord, CallSucceeded, CallThrottled
+from jobqueue.core.fallback import fails_over, fallback_for, route_for
 from jobqueue.core.policy import BackoffConfig, ErrorKind
+from jobqueue.core.pricing import call_cost
 from jobqueue.core.routes import Route
 from jobqueue.core.states import JobState
 from jobqueue.engine.claim import SENT_OPTIONS, ClaimedJob
@@ -50,6 +52,7 @@ class Executor:
     gate: RouteGate
     throttle_max_wait: float
     deltas: DeltaWriter
+    fallback_after: float = 10.0
 
     @staticmethod
     def build_messages(job: ClaimedJob) -> list[dict[str, str]]:
@@ -79,8 +82,10 @@ class Executor:
                          attempt=job.attempt, worker_id=job.claim, org_id=job.org_id)
         model = self._model(job)
         messages = self.build_messages(job)
-        routed = self.providers.for_model(model)
-        if routed is None:
+        # NOTE: a fallback chosen by an earlier attempt, else `prefer_provider`, else the model's.
+        route = route_for(self.providers.routes, model, current=job.route,
+                          prefer=job.options.get("prefer_provider"))
+        if route is None:
             # NOTE: POST /prompt refuses such a model; only a web and a worker configured with
             # different routes get here.
             unroutable = ProviderFailure(ErrorKind.INVALID_OPTIONS,
@@ -88,7 +93,7 @@ class Executor:
             if not self._may_finish(control, bound):
                 return Outcome.ABANDONED
             return self._handle_failure(job, unroutable, model, bound)
-        route, provider = routed
+        provider = self.providers.providers[route.name]
         waiting = self.gate.admit(route)
         if waiting > 0:
             if not self._may_finish(control, bound):
@@ -124,20 +129,25 @@ class Executor:
                 return Outcome.ABANDONED
             if failure.kind is ErrorKind.RATE_LIMIT:
                 return self._throttle(job, route, failure, model, bound, called=True)
-            return self._handle_failure(job, failure, model, bound)
+            return self._handle_failure(job, failure, model, bound, route)
         bound.info("provider.request", outcome="ok", model=completion.model, route=route.name,
                    http_status=completion.http_status, latency_ms=completion.latency_ms,
                    tokens_in=completion.tokens_in, tokens_out=completion.tokens_out)
         for direction, tokens in (("in", completion.tokens_in), ("out", completion.tokens_out)):
             if tokens:
                 metrics.PROVIDER_TOKENS.labels(route=route.name, direction=direction).inc(tokens)
+        # NOTE: priced by the model asked for: a provider may answer with a dated variant's name.
+        cost = call_cost(route.prices.for_model(model) if route.prices else None,
+                         completion.tokens_in, completion.tokens_out)
+        if cost:
+            metrics.PROVIDER_COST.labels(route=route.name).inc(cost)
         self.gate.spent(route, (completion.tokens_in or 0) + (completion.tokens_out or 0))
         if not self._may_finish(control, bound):
             return Outcome.ABANDONED
         call = CallRecord(
             model=completion.model, latency_ms=completion.latency_ms,
             http_status=completion.http_status, tokens_in=completion.tokens_in,
-            tokens_out=completion.tokens_out,
+            tokens_out=completion.tokens_out, route=route.name, cost=cost,
         )
         return self._report(bound, self.completer.finish(job, CallSucceeded(completion.content, call)))
 
@@ -157,7 +167,7 @@ class Executor:
         first was spends its attempts as any failure, so nothing waits for ever."""
         if job.throttled_at is not None and (
                 datetime.now(UTC) - job.throttled_at).total_seconds() > self.throttle_max_wait:
-            return self._handle_failure(job, failure, model, bound)
+            return self._handle_failure(job, failure, model, bound, route if called else None)
         if called:
             seconds = (self.backoff.rate_limit_min_wait if failure.retry_after is None
                        else failure.retry_after)
@@ -165,20 +175,42 @@ class Executor:
         else:
             delay = failure.retry_after or 0.0
         call = CallRecord(model=model, http_status=failure.http_status,
-                          latency_ms=failure.latency_ms if called else None)
-        return self._report(bound, self.completer.finish(job, CallThrottled(
-            f"{failure.message} (route {route.name!r} paused {delay:.1f}s; attempt kept)",
-            delay, call)))
+                          latency_ms=failure.latency_ms if called else None,
+                          route=route.name if called else None)
+        message = f"{failure.message} (route {route.name!r} paused {delay:.1f}s; attempt kept)"
+        fallback = self._fallback(route, model, failure.kind, delay, bound)
+        if fallback is not None:
+            # NOTE: the pause is longer than SA_FALLBACK_AFTER: the fallback is called at once.
+            return self._report(bound, self.completer.finish(job, CallThrottled(
+                f"{message}; next attempt on route {fallback!r} at once", 0.0, call, fallback)))
+        return self._report(bound, self.completer.finish(job, CallThrottled(message, delay, call)))
+
+    def _fallback(self, route: Route, model: str, kind: ErrorKind, wait: float | None,
+                  bound: structlog.typing.FilteringBoundLogger) -> str | None:
+        """The fallback route the job's next attempt calls after `kind` on `route`, or None."""
+        if not route.fallbacks or not fails_over(kind, wait, self.fallback_after):
+            return None
+        paused = [name for name in route.fallbacks if self.gate.paused_for(name) > 0]
+        fallback = fallback_for(self.providers.routes, route, model, paused)
+        if fallback is None:
+            return None
+        metrics.ROUTE_FALLBACKS.labels(route=route.name, to_route=fallback.name).inc()
+        bound.info("route.fallback", route=route.name, to_route=fallback.name, error_kind=kind.value)
+        return fallback.name
 
     def _handle_failure(
         self, job: ClaimedJob, failure: ProviderFailure, model: str,
-        bound: structlog.typing.FilteringBoundLogger,
+        bound: structlog.typing.FilteringBoundLogger, route: Route | None = None,
     ) -> Outcome:
-        """Hands the failure to the engine, which retries or fails it (jobqueue/engine/finalize.py)."""
+        """Hands the failure to the engine, which retries or fails it (jobqueue/engine/finalize.py);
+        a failure of `route` (the route called) that fails over names its fallback."""
         call = CallRecord(model=model, latency_ms=failure.latency_ms,
-                          http_status=failure.http_status)
+                          http_status=failure.http_status,
+                          route=None if route is None else route.name)
+        fallback = None if route is None else self._fallback(
+            route, model, failure.kind, failure.retry_after, bound)
         return self._report(bound, self.completer.finish(
-            job, CallFailed(failure.kind, failure.message, call, failure.retry_after)))
+            job, CallFailed(failure.kind, failure.message, call, failure.retry_after, fallback)))
 
     def fail_unexpected(self, job: ClaimedJob, exc: BaseException) -> Outcome:
         """Finalizes a job whose run raised something unforeseen, as `unknown` (retryable)."""

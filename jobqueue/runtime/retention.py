@@ -17,6 +17,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection, delete_in_pages
 from jobqueue.core.queries.batch import BATCH_DELETE_FINISHED_MANY
 from jobqueue.core.queries.file import FILE_DELETE_EXPIRED_MANY
+from jobqueue.core.queries.spend import ORG_SPEND_DELETE_OLD_MANY
 from jobqueue.core.settings import KEY_TTL_SECONDS, Settings
 from jobqueue.engine.idempotency import prune_expired_keys
 from jobqueue.runtime.archive import ArchiveCursor, Archiver
@@ -35,6 +36,7 @@ class RetentionCounts:
     more: bool = False
     removed_files: int = 0
     removed_batches: int = 0
+    removed_spend_days: int = 0
 
 
 class Retention:
@@ -134,15 +136,20 @@ class Retention:
                                         statement_timeout=cfg.statement_timeout)
         files = delete_in_pages(db, FILE_DELETE_EXPIRED_MANY, {"abandoned": _ABANDONED_UPLOAD},
                                 page=_DELETE_PAGE, statement_timeout=cfg.statement_timeout)
+        # NOTE: always on: the budgets read this month's days only; older ones are dead weight.
+        spend_days = delete_in_pages(db, ORG_SPEND_DELETE_OLD_MANY, {}, page=_DELETE_PAGE,
+                                     statement_timeout=cfg.statement_timeout)
         batches = 0
         if cfg.batch_retention > 0:
             batches = delete_in_pages(db, BATCH_DELETE_FINISHED_MANY, {"age": cfg.batch_retention},
                                       page=_DELETE_PAGE, statement_timeout=cfg.statement_timeout)
-        if archived or pruned or files or batches:
+        if archived or pruned or files or batches or spend_days:
             log.info("retention.finished", archived_jobs=archived, pruned_keys=pruned, more=more,
-                     removed_files=files, removed_batches=batches)
+                     removed_files=files, removed_batches=batches,
+                     removed_spend_days=spend_days)
         return RetentionCounts(archived_jobs=archived, pruned_keys=pruned, more=more,
-                               removed_files=files, removed_batches=batches)
+                               removed_files=files, removed_batches=batches,
+                               removed_spend_days=spend_days)
 
 
 _ABANDONED_UPLOAD = 86400.0

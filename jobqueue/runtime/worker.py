@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import psycopg
@@ -22,11 +22,13 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
+from jobqueue.core.budget import Budgets
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.engine.claim import ClaimedJob, claim, next_due
 from jobqueue.engine.departures import DepartureWatch
 from jobqueue.engine.heartbeat import heartbeat, release
+from jobqueue.engine.spend import HeldOrgs
 from jobqueue.runtime.completer import FinishTimeout
 from jobqueue.runtime.executor import Executor, Outcome
 from jobqueue.runtime.run_control import RunControl
@@ -62,6 +64,7 @@ class WorkerConfig:
     heartbeat_interval: float = 30.0
     cancel_check_interval: float = 0.5
     shutdown_grace: float = 30.0
+    budgets: Budgets = field(default_factory=Budgets)
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -126,6 +129,8 @@ class Worker:
         self.claim_rounds = 0
         self.claim_failures = 0
         self.departure_looks = 0
+        # NOTE: the orgs past their budget are re-read at most once per poll interval (1 s at most).
+        self._held = HeldOrgs(pool, config.budgets, ttl=min(config.poll_interval, 1.0))
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
@@ -261,7 +266,8 @@ class Worker:
         if self.executor.gate.all_paused(list(self.executor.providers.routes.routes)):
             return False
         jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
-                     self.config.org_max_running, self.config.priority_aging)
+                     self.config.org_max_running, self.config.priority_aging,
+                     self._held.current())
         self.claim_rounds += 1
         for job in jobs:
             run = _Run(job, RunControl(partial(self._call_returned, job.id)))

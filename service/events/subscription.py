@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -42,6 +44,7 @@ class Subscription:
         self._bytes = 0
         self._cond = threading.Condition(threading.Lock())
         self._closed: str | None = None
+        self._sock: socket.socket | None = None
 
     @property
     def key(self) -> Key:
@@ -97,14 +100,30 @@ class Subscription:
             self._cond.notify_all()
         return True
 
+    def attach(self, sock: socket.socket | None) -> None:
+        """Names the client's connection, which a close by the hub then shuts."""
+        self._sock = sock
+
     def close(self, reason: str) -> None:
-        """Ends the subscription (the hub's side); a waiting `wait()` raises SubscriptionClosed."""
-        with self._cond:
-            if self._closed is None:
-                self._closed = reason
-            self._cond.notify_all()
+        """Ends the subscription (the hub's side); a waiting `wait()` raises SubscriptionClosed.
+
+        NOTE: a stream stuck writing to a client that does not read never reaches its next
+        `wait()`; shutting its connection fails that write, so a web process told to stop (or a
+        client dropped for falling behind) frees its greenlet at once, not after
+        gunicorn's graceful_timeout.
+        """
+        self._end(reason)
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)
 
     def leave(self) -> None:
         """Ends the subscription from the client's side: frees its place in the hub (idempotent)."""
         self._forget(self)
-        self.close("unsubscribed")
+        self._end("unsubscribed")
+
+    def _end(self, reason: str) -> None:
+        with self._cond:
+            if self._closed is None:
+                self._closed = reason
+            self._cond.notify_all()

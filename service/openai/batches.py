@@ -20,6 +20,7 @@ from jobqueue.core.openai_wire import (
 )
 from jobqueue.core.settings import Settings
 from jobqueue.engine import batches
+from jobqueue.engine.spend import check_budget
 from service.openai.errors import OpenAIError, bad_request, not_found
 
 __all__ = ["BATCH_HEADER", "BatchCancel", "BatchCollection", "BatchItem", "batch_object"]
@@ -139,6 +140,7 @@ class BatchCollection:
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Records the batch (`validating`); the keeper validates and runs it."""
         request = parse_batch_request(req.get_media(default_when_empty=None))
+        check_budget(self._pool, req.context.caller.org_id, self._settings.budgets)
         try:
             row = batches.create_batch(self._pool, req.context.caller, request,
                                        window=self._settings.batch_window,

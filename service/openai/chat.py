@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.chat import ChatInvalid, ChatRequest, parse_chat
 from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import IdempotencyKeyReused
+from jobqueue.core.fallback import named_serving, serves
 from jobqueue.core.openai_wire import Body, chat_completion, job_answer, job_failure
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
@@ -80,6 +81,12 @@ class ChatCompletions:
             raise OpenAIError(404, f"The model `{request.model}` does not exist or no route "
                               f"serves it (known: {', '.join(self._routes.known_models)}).",
                               code="model_not_found", param="model")
+        prefer = request.options.get("prefer_provider")
+        if self._routes and prefer is not None and named_serving(
+                self._routes, prefer, request.model) is None:
+            serving = [r.name for r in self._routes.routes if serves(r, request.model)]
+            raise bad_request(f"No route `{prefer}` serves the model `{request.model}` (known "
+                              f"routes serving it: {', '.join(serving)}).", "prefer_provider")
         caller: Caller = req.context.caller
         slot = self._admit(caller, req.context.token_digest)
         try:
@@ -112,10 +119,13 @@ class ChatCompletions:
         return slot
 
     def _enqueue(self, caller: Caller, request: ChatRequest, key: str | None) -> Enqueued:
+        # NOTE: the budget is checked by the enqueue after the key, so a retry of a request
+        # already queued re-attaches to its job even once the org's budget is spent.
         try:
             return enqueue(self._pool, caller, request.text, priority=_INTERACTIVE_PRIORITY,
                            options=request.options, idempotency_key=key,
-                           max_queued=self._settings.org_max_queued)
+                           max_queued=self._settings.org_max_queued,
+                           budgets=self._settings.budgets)
         except IdempotencyKeyReused as exc:
             raise OpenAIError(409, exc.description, code="idempotency_key_reused") from None
 

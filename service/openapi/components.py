@@ -64,7 +64,8 @@ JOB_EXAMPLE: Schema = {
     "response_id": RESPONSE_ID, "error_kind": None, "error_message": None, "supersedes": None,
     "org_id": 1, "created_by": 7, "scheduled_for": "2026-11-30T12:00:00+00:00",
     "created_at": "2026-11-30T12:00:00+00:00", "updated_at": AT,
-    "usage": [{"attempt": 1, "tokens_in": 12, "tokens_out": 48}], "partial_text": None,
+    "usage": [{"attempt": 1, "tokens_in": 12, "tokens_out": 48, "route": "default",
+               "cost": 0.00051}], "partial_text": None,
 }
 PROMPT_EXAMPLE: Schema = {
     "id": PROMPT_ID, "kind": "prompt", "parent_id": None, "correlation_id": PROMPT_ID,
@@ -160,6 +161,26 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                                                                  "enum": ["ops"]}},
                            "expires_at": _TIME},
         },
+        "OrgBudget": {
+            "type": "object",
+            "description": "What the caller's org spent on provider calls (USD at the routes' "
+                           "`prices`) this UTC day and month, against SA_ORG_BUDGET_DAILY and "
+                           "SA_ORG_BUDGET_MONTHLY (`budget` null: none), and when each resets. "
+                           "`exceeded` names the budget spent, if any: submits answer 429 and "
+                           "queued jobs wait until it resets.",
+            "required": ["org_id", "daily", "monthly", "exceeded"],
+            "additionalProperties": False,
+            "properties": {"org_id": {"type": "integer"},
+                           **{period: {"type": "object", "required": ["spent", "budget",
+                                                                      "resets_at"],
+                                       "additionalProperties": False,
+                                       "properties": {"spent": {"type": "number", "minimum": 0},
+                                                      "budget": _nullable({"type": "number"}),
+                                                      "resets_at": _TIME}}
+                              for period in ("daily", "monthly")},
+                           "exceeded": _nullable({"type": "string", "enum": [
+                               "SA_ORG_BUDGET_DAILY", "SA_ORG_BUDGET_MONTHLY"]})},
+        },
         "OpsOverview": {
             "type": "object",
             "description": "Every org's queue: `metrics` as `sa-core queue-metrics --json` over the "
@@ -205,12 +226,18 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                     "Never a response: only a succeeded attempt's text becomes one. On GET."}),
                 "usage": {
                     "type": "array", "description": "Tokens of each attempt that called the "
-                    "provider, oldest first (null where the provider reported none); on GET.",
-                    "items": {"type": "object", "required": ["attempt", "tokens_in", "tokens_out"],
+                    "provider, oldest first (null where the provider reported none), the model "
+                    "route that served it and its cost in USD at that route's configured "
+                    "`prices` (null: no price, or no tokens reported); on GET.",
+                    "items": {"type": "object", "required": ["attempt", "tokens_in", "tokens_out",
+                                                             "route", "cost"],
                               "additionalProperties": False,
                               "properties": {"attempt": {"type": "integer", "minimum": 1},
                                              "tokens_in": _nullable({"type": "integer"}),
-                                             "tokens_out": _nullable({"type": "integer"})}}},
+                                             "tokens_out": _nullable({"type": "integer"}),
+                                             "route": _nullable({"type": "string"}),
+                                             "cost": _nullable({"type": "number",
+                                                                "minimum": 0})}}},
                 "after_job_id": _nullable(_UUID),
                 "waiting": {"type": "boolean", "description": "True while the job waits for "
                             "its predecessor (`after_job_id`) to succeed: queued, but not "
@@ -280,6 +307,29 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                 "response_text": _nullable(_feed_text(chars, "The latest job's answer")),
                 "response_truncated": {"type": "boolean", "description": "`response_text` was "
                                        "cut: GET /responses/{response_id} has it whole."},
+            },
+        },
+        "MissionSnapshot": {
+            "type": "object",
+            "required": ["as_of", "event_id", "cursor", "items", "next_before", "has_more"],
+            "additionalProperties": False,
+            "properties": {
+                "as_of": {**_TIME, "description": "When the page was read."},
+                "event_id": _nullable({"type": "integer", "minimum": 0, "description": (
+                    "The log position the items hold for: follow the changes after it with "
+                    "/mission/events?last_event_id=N. Null (with no item) while the event hub "
+                    "starts: ask again.")}),
+                "cursor": _nullable({"type": "string", "pattern": CURSOR_PATTERN,
+                                     "description": "The same position as a /mission/recent "
+                                                    "`cursor`: polls the changes after it."}),
+                "items": {"type": "array", "items": ref("MissionItem"),
+                          "description": "Prompts with their latest job, the one with the "
+                                         "newest event first."},
+                "next_before": _nullable({"type": "string", "pattern": CURSOR_PATTERN,
+                                          "description": "Pass it back as `before` for older "
+                                                         "prompts."}),
+                "has_more": {"type": "boolean", "description": "Older prompts (or this page's "
+                             "rest, past SA_PAGE_MAX_BYTES) remain: ask with `before`."},
             },
         },
         "MissionRecent": {
@@ -375,10 +425,18 @@ EXAMPLES: dict[str, Any] = {
         "scheduled_for": "2026-11-30T12:00:00+00:00", "after_job_id": None, "waiting": False,
         "response_text": "One queue, many workers, nothing lost.", "text_truncated": False,
         "response_truncated": False}]},
+    "MissionSnapshot": {"as_of": AT, "event_id": 42, "cursor": "AAAAAAAAACo", "next_before": None,
+                        "has_more": False,
+                        "items": []},
     "Entity": {**PROMPT_EXAMPLE, "id": RESPONSE_ID, "kind": "response", "parent_id": PROMPT_ID,
                "causation_id": JOB_ID, "content": "One queue, many workers, nothing lost."},
     "Session": {"org_id": 1, "user_id": 7, "scopes": ["ops"]},
     "OpsOverview": {"as_of": AT, "metrics": {}, "running": [], "failures": []},
+    "OrgBudget": {"org_id": 1,
+                  "daily": {"spent": 0.42, "budget": 5.0, "resets_at": "2026-12-01T00:00:00Z"},
+                  "monthly": {"spent": 12.5, "budget": None,
+                              "resets_at": "2027-01-01T00:00:00Z"},
+                  "exceeded": None},
     "Health": {"ok": True},
 }
 """Each answer schema's example; an operation may give its own instead."""

@@ -22,6 +22,8 @@ from service.contract import (
     RECENT_LIMIT,
     SCOPE,
     SINCE,
+    SNAPSHOT_BEFORE,
+    SNAPSHOT_LIMIT,
     prompt_batch_body,
     prompt_body,
 )
@@ -34,6 +36,7 @@ from service.openapi.components import (
     JOB_EXAMPLE,
 )
 from service.openapi.errors import LOCATION, REPLAYED, WAITED, error_answer, retry_after
+from service.openapi.ops import ops_operations
 
 __all__ = ["OPENAPI_PATH", "operations"]
 
@@ -54,6 +57,8 @@ _RETRIED_LINKS = {"GetJob": ("getJob", "job_id", "job_id"),
                   "CancelJob": ("cancelJob", "job_id", "job_id"),
                   "GetPrompt": ("getPrompt", "prompt_id", "prompt_id")}
 _QUEUE_FULL = retry_after(f"Seconds to wait ({QUEUE_FULL_RETRY_AFTER}).")
+_BUDGET_OR_FULL = retry_after(f"Seconds to wait: {QUEUE_FULL_RETRY_AFTER} for a full queue, "
+                              "until the budget resets for a spent one.")
 _CANCELLED = {**JOB_EXAMPLE, "state": "cancelled", "response_id": None}
 
 
@@ -102,8 +107,10 @@ def _submits(settings: Settings) -> list[Operation]:
                                                "priority": 20, "max_attempts": 3,
                                                "options": {"depth": 4}}),
             answers_past_limits={"429": error_answer(
-                "429", "The org's queue is full (SA_ORG_MAX_QUEUED); nothing was written.",
-                _QUEUE_FULL)}),
+                "429", "The org's queue is full (SA_ORG_MAX_QUEUED), or the org has spent its "
+                       "budget (SA_ORG_BUDGET_DAILY / _MONTHLY: the description says spent, "
+                       "budget and when it resets); nothing was written. A repeat of an accepted "
+                       "`Idempotency-Key` is replayed, never refused.", _BUDGET_OR_FULL)}),
         Operation(
             "post", f"{_API}/prompts/batch", "submitBatch",
             f"Submit 1 to {MAX_BATCH} prompts at once: all or none, 202 at once.",
@@ -124,8 +131,10 @@ def _submits(settings: Settings) -> list[Operation]:
                 "413": error_answer("413", "The body is larger than SA_BATCH_MAX_BYTES (default "
                                            "4 MiB)."),
                 "429": error_answer("429", "The batch would take the org past "
-                                           "SA_ORG_MAX_QUEUED; nothing was written.",
-                                    _QUEUE_FULL)}),
+                                           "SA_ORG_MAX_QUEUED, or the org has spent its budget "
+                                           "(SA_ORG_BUDGET_DAILY / _MONTHLY); nothing was "
+                                           "written. A repeat of an accepted `Idempotency-Key` "
+                                           "is replayed, never refused.", _BUDGET_OR_FULL)}),
     ]
 
 
@@ -184,11 +193,19 @@ def _session_and_ops() -> list[Operation]:
         Operation("delete", f"{_API}/session", "closeSession",
                   "End the cookie's session at once and drop the cookie.",
                   {"204": Answer("Signed out.")}, errors=("403",)),
+        Operation("get", f"{_API}/usage", "getOrgBudget",
+                  "What the caller's org spent today and this month, against its budgets.",
+                  {"200": Answer("The org's spend and budgets.", "OrgBudget")},
+                  description=(
+                      "USD at the model routes' configured `prices`, summed per UTC day as "
+                      "calls finish. Past SA_ORG_BUDGET_DAILY or SA_ORG_BUDGET_MONTHLY, submits "
+                      "answer 429 (with Retry-After: the seconds until the budget resets) and "
+                      "queued jobs wait, unclaimed, until it does.")),
         Operation("get", f"{_API}/ops/overview", "opsOverview",
                   "Every org's queue depth, oldest queued, running jobs and recent failures.",
                   {"200": Answer("The overview.", "OpsOverview")},
-                  description="Needs a token with the `ops` scope (`sa-core create-token --scope "
-                              "ops`)."),
+                  description="Needs a token with the `ops` or `ops:read` scope "
+                              "(`sa-core create-token --scope ops:read`)."),
         Operation("post", f"{_API}/ops/jobs/{{job_id}}/cancel", "opsCancelJob",
                   "Cancel any org's queued or running job.",
                   {"200": Answer("The cancelled job.", "Job", {
@@ -219,6 +236,19 @@ def _feeds() -> list[Operation]:
                 "page ends early, with `has_more`, once its texts pass SA_PAGE_MAX_BYTES."),
             params=(CURSOR, SINCE, RECENT_LIMIT, SCOPE)),
         Operation(
+            "get", f"{_API}/mission/prompts", "missionPrompts",
+            "The viewer's prompts with their latest state, latest activity first.",
+            {"200": Answer("A page of prompts.", "MissionSnapshot", links={
+                "GetPrompt": ("getPrompt", "prompt_id", "items/0/prompt_id"),
+                "GetJob": ("getJob", "job_id", "items/0/job_id")})},
+            description=(
+                "A first load: the present state of the viewer's prompts without their "
+                "history. The items hold for `event_id`: /mission/events?last_event_id=N "
+                "continues from it with no gap. A page walks at most 5,000 events; older "
+                "prompts come with `before`. Texts are cut as in /mission/recent, and a page "
+                "ends early, with `has_more`, once its texts pass SA_PAGE_MAX_BYTES."),
+            params=(SNAPSHOT_BEFORE, SNAPSHOT_LIMIT, SCOPE)),
+        Operation(
             "get", f"{_API}/mission/events", "missionEvents",
             "Server-Sent Events of the caller's own jobs' transitions.",
             {"200": Answer("The event stream.", EVENT_FRAME,
@@ -246,4 +276,4 @@ def _feeds() -> list[Operation]:
 def operations(settings: Settings) -> list[Operation]:
     """Every operation of the app built with `settings` (limits come from there)."""
     return [*_health(), *_submits(settings), *_jobs_and_prompts(), *_session_and_ops(),
-            *_feeds()]
+            *ops_operations(), *_feeds()]

@@ -69,6 +69,7 @@ class MissionEvents:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT,
                                 max(1, int(self._keepalive * 1000)))
+        sub.attach(sock)
         resp.content_type = "text/event-stream; charset=utf-8"
         resp.cache_control = ["no-cache"]
         # NOTE: tells nginx-style proxies not to buffer the stream.

@@ -15,6 +15,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
 from jobqueue.core.states import JobState
+from jobqueue.engine.bulk import log_action
 from jobqueue.engine.control import cancel_job, retry_job
 from jobqueue.engine.inspection import list_jobs, queue_metrics
 from service.contract import read_no_body
@@ -63,6 +64,8 @@ class OpsCancel:
         caller = req.context.caller
         resp.media = cancel_job(self._pool, job_id, None, reason=(
             f"cancelled by operator user {caller.user_id} of org {caller.org_id}"))
+        # NOTE: logged once the cancel has committed: the log never names a change that failed.
+        log_action(self._pool, caller, "cancel", {"job_id": str(job_id)}, [job_id])
 
 
 class OpsRetry:
@@ -75,5 +78,7 @@ class OpsRetry:
         """Queues the new job; 409 while the job is active or already superseded, 404 unknown."""
         read_no_body(req)
         retried = retry_job(self._pool, job_id, None)
+        log_action(self._pool, req.context.caller, "retry",
+                   {"job_id": str(job_id), "new_job_id": str(retried.job_id)}, [job_id])
         resp.status = falcon.HTTP_202
         resp.media = retried.as_dict()

@@ -53,14 +53,16 @@ class PromptCollection:
         self._max_queued = settings.org_max_queued
         self._max_chain_depth = settings.chain_max_depth
         self._routes = settings.routes
+        self._budgets = settings.budgets
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes the prompt and its queued job; answers 202 with both ids.
 
         With an Idempotency-Key already used for the same request, answers the original ids
-        with `Idempotent-Replayed: true` and writes nothing. With `Prefer: wait=N`, answers 200
-        with the job and its `response_text` if the job ends within N seconds; past the wait
-        caps the submit is still accepted and answered 202 at once, with SA-Wait-Skipped.
+        with `Idempotent-Replayed: true` and writes nothing, even once the org's budget is
+        spent (only new work is refused). With `Prefer: wait=N`, answers 200 with the job and
+        its `response_text` if the job ends within N seconds; past the wait caps the submit is
+        still accepted and answered 202 at once, with SA-Wait-Skipped.
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         wait = parse_prefer_wait(req.get_header(PREFER.name))
@@ -71,7 +73,7 @@ class PromptCollection:
             priority=request.priority, max_attempts=request.max_attempts,
             options=request.options, idempotency_key=key, max_queued=self._max_queued,
             run_at=request.run_at, delay_seconds=request.delay_seconds, after=request.after,
-            max_chain_depth=self._max_chain_depth,
+            max_chain_depth=self._max_chain_depth, budgets=self._budgets,
         )
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")
@@ -113,12 +115,13 @@ class PromptBatch:
         self._max_chars = settings.max_prompt_chars
         self._max_queued = settings.org_max_queued
         self._routes = settings.routes
+        self._budgets = settings.budgets
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes every prompt and its queued job; answers 202 with their ids in input order.
 
         One Idempotency-Key covers the batch: a repeat answers the original ids with
-        `Idempotent-Replayed: true` and writes nothing.
+        `Idempotent-Replayed: true` and writes nothing, past the org's budget too.
         """
         key = parse_idempotency_key(req.get_header(IDEMPOTENCY_KEY_HEADER))
         requests = parse_batch(req.get_media(), self._max_chars)
@@ -128,7 +131,7 @@ class PromptBatch:
                             delay_seconds=r.delay_seconds)
                  for r in requests]
         done = enqueue_many(self._pool, req.context.caller, items, idempotency_key=key,
-                            max_queued=self._max_queued)
+                            max_queued=self._max_queued, budgets=self._budgets)
         resp.status = falcon.HTTP_202
         if done[0].replayed:
             resp.set_header(REPLAYED_HEADER, "true")

@@ -1,16 +1,20 @@
 // The mission page: the viewer's prompts as drops, live over SSE, polling /mission/recent as fallback.
 //
-// One source of truth: /mission/recent, paged with its cursor from the start of the viewer's log,
-// so a reopened page shows everything that happened while it was closed. The event stream only
-// makes the page fast: each event updates its drop at once and asks for the next page. When the
-// stream fails, the page polls every POLL_MS and keeps trying the stream; the browser's own
-// reconnection sends Last-Event-ID, and the first event or `open` after it returns the page to live.
+// The page opens on a snapshot (/mission/prompts: the latest state of the newest prompts, as of an
+// event id), never on the log's history; older prompts come a page at a time on request. The event
+// stream resumes from the snapshot's event id, and each event is applied from its own data; the
+// page reads /mission/recent (from the snapshot's cursor on) only for what an event does not carry:
+// a prompt it has not seen, and an error's message and next run time. When the stream fails, the
+// page polls every POLL_MS and keeps trying the stream; the browser's own reconnection sends
+// Last-Event-ID, and the first event or `open` after it returns the page to live.
 import { $, API, announce, api, el, setConnection, setupSession } from "./api.js";
 import { countLater, setupFilters, shows } from "./filters.js";
 import { setServerClock, tell, waitsFor } from "./status.js";
 import { answerNode, collapsible, short } from "./text.js";
+import { threadView } from "./thread.js";
 
 const POLL_MS = 2000;
+const SNAPSHOT_PAGE = 50;
 const STREAM_RETRY_MS = 5000;
 const WATCH_MS = 4000;
 const ACTIVE = new Set(["queued", "running"]);
@@ -24,13 +28,15 @@ const drops = new Map();   // prompt_id -> <li>
 const opened = new Set();  // long texts the viewer expanded ("prompt:<id>", "answer:<id>")
 const partials = new Map(); // job_id -> {attempt, text}: a streamed attempt's text so far
 const catching = new Set(); // jobs whose partial_text is being read
+const thread = threadView({ itemOf, childrenOf, drops, stateClass: STATE_CLASS });
 let cursor = null;
+let lastEventId = null;
+let olderBefore = null;
 let syncing = false;
 let again = false;
 let stream = null;
 let streamOpenedAt = 0;
 let pollTimer = null;
-let threadOf = null;
 
 
 // NOTE: a session that ended (401) reloads the page: nothing of this viewer stays on screen for
@@ -68,7 +74,7 @@ function renderDrop(item) {
   }
   if (item.parent_id || childrenOf(item.prompt_id).length) {
     actions.append(el("button", { type: "button", class: "thread-open quiet", text: "Thread",
-      "aria-label": `Thread of “${short(item.text, 30)}”`, onclick: () => showThread(item.prompt_id) }));
+      "aria-label": `Thread of “${short(item.text, 30)}”`, onclick: () => thread.show(item.prompt_id) }));
   }
   // NOTE: a running attempt shows no error: the one kept in the item belongs to an earlier attempt.
   const why = item.state === "queued" ? waitsFor(item) : null;
@@ -137,7 +143,7 @@ function merge(item) {
   const parent = item.parent_id && itemOf(item.parent_id);
   if (parent) renderDrop(parent);
   if (before && before.state !== item.state) tell(items.get(item.prompt_id));
-  if (threadOf) renderThread();
+  thread.refresh();
 }
 
 // NOTE: a streamed attempt's text as it is written: each job.output_delta applies at its offset
@@ -175,13 +181,63 @@ async function catchUp(item) {
   }
 }
 
-// An event moves its drop before the page that confirms it arrives.
-function hint(event) {
+// An event carries its job's new state, attempt, error kind and answer: it is applied as it is.
+// What it does not carry (a prompt this page has not seen; an error's message and the time the
+// job runs again) is read from /mission/recent, one read for however many events ask at once.
+function applyEvent(event) {
   const item = items.get(event.prompt_id);
-  if (!item) return;
-  if (event.from_state === null) item.job_id = event.job_id;
-  if (event.job_id !== item.job_id) return;
-  merge({ ...item, state: event.to_state, attempt: event.attempt, error_kind: event.error_kind });
+  if (!item) { sync().catch(failed); return; }
+  if (event.from_state !== null && event.job_id !== item.job_id) return;
+  const update = { job_id: event.job_id, state: event.to_state, attempt: event.attempt,
+    error_kind: event.error_kind, updated_at: event.at };
+  if (event.from_state === null) {
+    Object.assign(update, { response_id: null, response_text: null, error_message: null });
+  }
+  if (event.response_id) {
+    Object.assign(update, { response_id: event.response_id, response_text: event.response_text,
+      response_truncated: event.response_truncated });
+  }
+  merge({ ...item, ...update });
+  // NOTE: a prompt sent from this page is known before the feed described it (max_attempts,
+  // created_at, scheduled_for come from there).
+  if (event.error_kind || item.max_attempts === undefined) sync().catch(failed);
+}
+
+// ---- first load: the snapshot, then older pages on request ---------------------------------------
+
+async function loadSnapshot() {
+  let page = await api("GET", `/mission/prompts?limit=${SNAPSHOT_PAGE}`);
+  // NOTE: null while the server's event hub starts (a second or two after a deploy).
+  while (page.event_id === null) {
+    await new Promise((resolve) => setTimeout(resolve, 500));
+    page = await api("GET", `/mission/prompts?limit=${SNAPSHOT_PAGE}`);
+  }
+  setServerClock(page.as_of);
+  for (const item of page.items) merge(item);
+  lastEventId = page.event_id;
+  cursor = page.cursor;
+  showOlder(page);
+}
+
+function showOlder(page) {
+  olderBefore = page.has_more ? page.next_before : null;
+  $("older").hidden = olderBefore === null;
+}
+
+async function loadOlder() {
+  const button = $("older");
+  button.disabled = true;
+  try {
+    const query = new URLSearchParams({ limit: String(SNAPSHOT_PAGE), before: olderBefore });
+    const page = await api("GET", `/mission/prompts?${query}`);
+    // NOTE: an older page repeats a prompt that also had older events; the page has it newer.
+    for (const item of page.items) if (!items.has(item.prompt_id)) merge(item);
+    showOlder(page);
+  } catch (err) {
+    failed(err);
+  } finally {
+    button.disabled = false;
+  }
 }
 
 // ---- keeping up: /mission/recent by cursor ------------------------------------------------------
@@ -211,17 +267,18 @@ async function sync() {
 function openStream() {
   closeStream();
   streamOpenedAt = Date.now();
-  const source = new EventSource(`${API}/mission/events`);
+  // NOTE: from the last event this page applied (the snapshot's at first), so nothing between
+  // them is missed; the browser's own reconnections send Last-Event-ID.
+  const from = lastEventId === null ? "" : `?last_event_id=${lastEventId}`;
+  const source = new EventSource(`${API}/mission/events${from}`);
   source.addEventListener("open", () => {
     setConnection("live");
     stopPolling();
-    // NOTE: catches up whatever happened between the last page and this stream's start.
-    sync().catch(failed);
   });
   source.addEventListener("job.output_delta", (message) => applyDelta(JSON.parse(message.data)));
   source.addEventListener("job.state_changed", (message) => {
-    hint(JSON.parse(message.data));
-    sync().catch(failed);
+    if (message.lastEventId) lastEventId = message.lastEventId;
+    applyEvent(JSON.parse(message.data));
   });
   source.addEventListener("error", () => {
     // NOTE: CONNECTING means the browser retries by itself (with Last-Event-ID); CLOSED means it
@@ -364,71 +421,6 @@ async function submit(event) {
   }
 }
 
-// ---- the thread view: parent links up to the root, then every reply below -------------------
-
-async function ancestors(promptId) {
-  const chain = [];
-  let id = promptId;
-  while (id) {
-    let item = itemOf(id);
-    if (!item) {
-      // NOTE: a parent older than the page's log (archived, or another user's) is read once; a
-      // response leads to its prompt.
-      try {
-        const answer = await api("GET", `/responses/${id}`).catch(() => null);
-        if (answer) id = answer.parent_id;
-        const found = await api("GET", `/prompts/${id}`);
-        const job = found.jobs[0] || {};
-        item = { prompt_id: id, parent_id: found.prompt.parent_id, text: found.prompt.content,
-                 state: job.state, response_text: found.response ? found.response.content : null };
-      } catch {
-        break;
-      }
-    }
-    chain.unshift(item);
-    id = item.parent_id;
-  }
-  return chain;
-}
-
-function threadEntry(item, depth) {
-  return el("li", { class: `thread-item ${STATE_CLASS[item.state] || ""}`, "data-depth": String(Math.min(depth, 6)),
-                    "data-prompt-id": item.prompt_id },
-    el("p", { class: "prompt-text", text: item.text }),
-    item.response_text ? answerNode(item.response_text, "response-text") : null,
-    el("span", { class: "state", text: item.state || "unknown" }));
-}
-
-async function renderThread() {
-  const target = threadOf;
-  const chain = await ancestors(target);
-  if (threadOf !== target) return;
-  const list = $("thread-list");
-  const entries = chain.map((item, depth) => threadEntry(item, depth));
-  const below = (id, depth) => {
-    for (const child of childrenOf(id).sort((a, b) => (a.created_at < b.created_at ? -1 : 1))) {
-      entries.push(threadEntry(child, depth));
-      below(child.prompt_id, depth + 1);
-    }
-  };
-  below(target, chain.length);
-  list.replaceChildren(...entries);
-}
-
-async function showThread(promptId) {
-  threadOf = promptId;
-  $("thread").hidden = false;
-  await renderThread();
-  $("thread").focus();
-}
-
-function closeThread() {
-  const from = threadOf;
-  threadOf = null;
-  $("thread").hidden = true;
-  if (from && drops.has(from)) drops.get(from).focus();
-}
-
 // ---- start ----------------------------------------------------------------------------------
 
 async function begin() {
@@ -436,7 +428,7 @@ async function begin() {
   $("text").focus();
   setConnection("connecting");
   try {
-    await sync();
+    await loadSnapshot();
   } catch (err) {
     if (failed(err)) return;
   }
@@ -452,8 +444,9 @@ $("text").addEventListener("keydown", (event) => {
   if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) $("compose").requestSubmit();
 });
 $("parent-clear").addEventListener("click", clearParent);
-$("thread-close").addEventListener("click", closeThread);
+$("older").addEventListener("click", loadOlder);
+$("thread-close").addEventListener("click", () => thread.close());
 document.addEventListener("keydown", (event) => {
-  if (event.key === "Escape" && threadOf) closeThread();
+  if (event.key === "Escape") thread.close();
 });
 setupSession(begin);

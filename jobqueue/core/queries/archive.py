@@ -77,12 +77,13 @@ WITH moved AS (
     DELETE FROM sa_ledger
      WHERE job_id = ANY(%(job_ids)s)
     RETURNING id, org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
-              http_status, outcome, created_at
+              http_status, outcome, created_at, route, cost, error_message
 )
 INSERT INTO sa_ledger_archive (id, org_id, job_id, attempt, model, tokens_in, tokens_out,
-                               latency_ms, http_status, outcome, created_at)
+                               latency_ms, http_status, outcome, created_at, route, cost,
+                               error_message)
 SELECT id, org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms, http_status,
-       outcome, created_at
+       outcome, created_at, route, cost, error_message
   FROM moved
 """
 

@@ -35,7 +35,7 @@ _CLAIM_SET = """
      WHERE j.id = picked.id
     RETURNING j.id, j.prompt_id, j.org_id, j.created_by, j.priority, j.attempt, j.max_attempts,
               j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at,
-              j.throttled_at
+              j.throttled_at, j.route
 )
 SELECT claimed.*, (
     WITH RECURSIVE chain AS (
@@ -80,6 +80,8 @@ SELECT claimed.*, (
 # PERF: reads at most (orgs with queued work) x `limit` index entries and sorts only those, so
 # its cost grows with the number of orgs waiting, never with the backlog (tests/test_plans.py,
 # bench/fairness.py). Run under JOB_PLAN_SETTINGS.
+# NOTE: `held_orgs` (the orgs past their budget, SA_ORG_BUDGET_DAILY/_MONTHLY) are passed over
+# whole: their queued jobs wait, unclaimed, until the budget frees (jobqueue/engine/spend.py).
 # NOTE: the claim's choice, shared with JOB_CLAIM_CANDIDATES: a job set aside in
 # sa_job_quarantine (one probe of its primary key per head read) is never chosen.
 _CLAIM_CHOICE = """
@@ -103,6 +105,7 @@ WITH RECURSIVE orgs AS (
             WHERE j.state = 'queued'
               AND NOT j.waiting
               AND j.org_id = orgs.org_id
+              AND orgs.org_id <> ALL (%(held_orgs)s::bigint[])
               AND j.priority <= %(ceiling)s
               AND j.scheduled_for <= now()
               AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = j.id)
@@ -196,6 +199,7 @@ WITH running AS (
       FROM sa_job q LEFT JOIN running r USING (org_id)
      WHERE q.state = 'queued'
        AND NOT q.waiting
+       AND q.org_id <> ALL (%(held_orgs)s::bigint[])
        AND q.priority <= %(ceiling)s
        AND q.scheduled_for <= now()
        AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = q.id)

@@ -69,11 +69,13 @@ SELECT id, from_state, to_state, attempt, worker_claim, error_kind, response_id,
 
 # served by sa_ledger_job_idx (job_id) and sa_ledger_archive_job_idx (job_id).
 LEDGER_LIST_FOR_JOB_ANY_ORG = """
-SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outcome, created_at
+SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outcome, created_at,
+       route, cost::float8 AS cost, error_message
   FROM sa_ledger
  WHERE job_id = %(job_id)s
 UNION ALL
-SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outcome, created_at
+SELECT id, attempt, model, tokens_in, tokens_out, latency_ms, http_status, outcome, created_at,
+       route, cost::float8 AS cost, error_message
   FROM sa_ledger_archive
  WHERE job_id = %(job_id)s
  ORDER BY id
@@ -150,16 +152,17 @@ SELECT GROUPING(org_id) = 1 AS all_orgs, org_id, coalesce(error_kind, 'unknown')
 # served by sa_ledger_created_brin and sa_ledger_archive_created_brin (created_at)
 # (0013_llm_routes.sql). Archived calls count too: usage is billing, not the hot set.
 LEDGER_USAGE_SINCE = """
-SELECT org_id, model, count(*) AS calls, count(tokens_in) AS counted_calls,
-       coalesce(sum(tokens_in), 0) AS tokens_in, coalesce(sum(tokens_out), 0) AS tokens_out
-  FROM (SELECT org_id, model, tokens_in, tokens_out
+SELECT org_id, model, route, count(*) AS calls, count(tokens_in) AS counted_calls,
+       coalesce(sum(tokens_in), 0) AS tokens_in, coalesce(sum(tokens_out), 0) AS tokens_out,
+       coalesce(sum(cost), 0)::float8 AS cost
+  FROM (SELECT org_id, model, route, tokens_in, tokens_out, cost
           FROM sa_ledger
          WHERE created_at >= %(since)s AND (%(org_id)s::bigint IS NULL OR org_id = %(org_id)s)
         UNION ALL
-        SELECT org_id, model, tokens_in, tokens_out
+        SELECT org_id, model, route, tokens_in, tokens_out, cost
           FROM sa_ledger_archive
          WHERE created_at >= %(since)s AND (%(org_id)s::bigint IS NULL OR org_id = %(org_id)s)
        ) calls
- GROUP BY org_id, model
- ORDER BY org_id, model
+ GROUP BY org_id, model, route
+ ORDER BY org_id, model, route
 """

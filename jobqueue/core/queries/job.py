@@ -72,9 +72,12 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 # A streamed attempt's partial text (sa_job_delta) goes with its finalize, whatever the
 # outcome: only a succeeded attempt's text becomes a response. Every job written gets its ledger
 # row, unless no provider call was made (latency_ms null: a job put back because its route was
-# already paused). `dependents` says whether jobs wait on it (`after`; sa_job_waiting_idx), which
-# the engine then settles (jobqueue/engine/chains.py). The statement fails as a whole if any
-# insert does (jobqueue/engine/isolation.py then splits the batch). The answer is (id, attempt,
+# already paused); it names the route called and the call's cost, which `spend` adds to the
+# org's day in sa_org_spend (by sa_org_spend_pkey; 0031_route_costs.sql) for the budgets. A job
+# whose route failed over keeps the fallback in `route` for its next attempts. `dependents`
+# says whether jobs wait on it (`after`; sa_job_waiting_idx), which the engine then settles
+# (jobqueue/engine/chains.py). The statement fails as a whole if any insert does
+# (jobqueue/engine/isolation.py then splits the batch). The answer is (id, attempt,
 # to_state, dependents) per job written, with the attempt it was claimed at.
 # PERF: one statement, so one round trip and one commit for a whole mixed batch.
 JOB_SET_STATE_IF_RUNNING_MANY = """
@@ -84,9 +87,11 @@ WITH done AS (
                   %(to_state)s::text[], %(model)s::text[], %(tokens_in)s::int[],
                   %(tokens_out)s::int[], %(latency_ms)s::int[], %(http_status)s::int[],
                   %(response_id)s::uuid[], %(content)s::text[], %(error_kind)s::text[],
-                  %(error_message)s::text[], %(delay)s::float8[], %(spend_attempt)s::bool[])
+                  %(error_message)s::text[], %(delay)s::float8[], %(spend_attempt)s::bool[],
+                  %(route)s::text[], %(cost)s::numeric[], %(next_route)s::text[])
         AS d(job_id, claim, attempt, to_state, model, tokens_in, tokens_out, latency_ms,
-             http_status, response_id, content, error_kind, error_message, delay, spend_attempt)
+             http_status, response_id, content, error_kind, error_message, delay, spend_attempt,
+             route, cost, next_route)
 ), job AS (
     UPDATE sa_job j
        SET state = done.to_state,
@@ -101,6 +106,7 @@ WITH done AS (
                                 THEN now() + make_interval(secs => done.delay)
                                 ELSE j.scheduled_for END,
            finished_at = CASE WHEN done.to_state = 'queued' THEN NULL ELSE now() END,
+           route = coalesce(done.next_route, j.route),
            response_id = done.response_id,
            error_kind = done.error_kind,
            error_message = done.error_message
@@ -131,12 +137,21 @@ WITH done AS (
      WHERE job.to_state = 'succeeded'
 ), ledger AS (
     INSERT INTO sa_ledger (org_id, job_id, attempt, model, tokens_in, tokens_out, latency_ms,
-                           http_status, outcome)
+                           http_status, outcome, route, cost, error_message)
     SELECT job.org_id, job.id, done.attempt, done.model, done.tokens_in, done.tokens_out,
            done.latency_ms, done.http_status,
-           CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END
+           CASE WHEN job.to_state = 'succeeded' THEN 'succeeded' ELSE done.error_kind END,
+           done.route, done.cost,
+           CASE WHEN job.to_state = 'succeeded' THEN NULL ELSE done.error_message END
       FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
      WHERE done.latency_ms IS NOT NULL
+), spend AS (
+    INSERT INTO sa_org_spend AS s (org_id, day, shard, cost)
+    SELECT job.org_id, (now() AT TIME ZONE 'UTC')::date, mod(pg_backend_pid(), 8), sum(done.cost)
+      FROM job JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
+     WHERE done.cost > 0
+     GROUP BY job.org_id
+    ON CONFLICT (org_id, day, shard) DO UPDATE SET cost = s.cost + excluded.cost
 ), partial AS (
     DELETE FROM sa_job_delta p USING job WHERE p.job_id = job.id
 )
@@ -204,7 +219,8 @@ RETURNING id, prompt_id, org_id, attempt
 # rows, each starting where the previous ended, in order.
 _READ_COLUMNS = """
 , coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', l.attempt, 'tokens_in', l.tokens_in,
-                                                'tokens_out', l.tokens_out) ORDER BY l.id)
+                                                'tokens_out', l.tokens_out, 'route', l.route,
+                                                'cost', l.cost) ORDER BY l.id)
               FROM sa_ledger l
              WHERE l.job_id = sa_job.id), '[]'::jsonb) AS usage,
 (SELECT string_agg(p.text, '' ORDER BY p."offset") FROM sa_job_delta p

@@ -1,6 +1,8 @@
 """Statements behind /mission/recent: a page of the event log, and the prompts it names."""
 
 __all__ = [
+    "MISSION_LATEST_FOR_ORG",
+    "MISSION_LATEST_FOR_USER",
     "MISSION_PAGE_FOR_ORG",
     "MISSION_PAGE_FOR_USER",
     "MISSION_PROMPTS_LATEST",
@@ -30,6 +32,28 @@ SELECT id, prompt_id
    AND id > %(after)s AND id <= %(upto)s
  ORDER BY id
  LIMIT %(limit)s
+"""
+
+# The snapshot's walk: the viewer's events newest first, below `before` and at most `upto` (the
+# SSE hub's cursor), `scan` of them at most; the caller keeps each prompt's first (newest) one.
+# served by sa_job_event_org_user_idx (org_id, created_by, id), read backwards from `before`.
+MISSION_LATEST_FOR_USER = """
+SELECT id, prompt_id
+  FROM sa_job_event
+ WHERE org_id = %(org_id)s AND created_by = %(user_id)s
+   AND id < %(before)s AND id <= %(upto)s
+ ORDER BY id DESC
+ LIMIT %(scan)s
+"""
+
+# served by sa_job_event_org_idx (org_id, id), as MISSION_LATEST_FOR_USER.
+MISSION_LATEST_FOR_ORG = """
+SELECT id, prompt_id
+  FROM sa_job_event
+ WHERE org_id = %(org_id)s
+   AND id < %(before)s AND id <= %(upto)s
+ ORDER BY id DESC
+ LIMIT %(scan)s
 """
 
 # A first call's `since` as a cursor: the viewer's last event stamped before it (0 for none).
@@ -82,7 +106,8 @@ SELECT o.ord, p.id AS prompt_id, p.parent_id, p.created_at,
   LEFT JOIN sa_entity r ON r.id = latest.response_id
  CROSS JOIN LATERAL (
        SELECT least(octet_length(p.content), 4 * %(text_chars)s)
-              + coalesce(least(octet_length(r.content), 4 * %(text_chars)s), 0) AS size) s
+              -- NOTE: least() skips a NULL, so a job without an answer counts 0, not the cap.
+              + least(coalesce(octet_length(r.content), 0), 4 * %(text_chars)s) AS size) s
  WHERE p.org_id = %(org_id)s
 )
 SELECT i.prompt_id, i.parent_id, t.text, i.created_at, i.job_id, i.state, i.attempt,

@@ -1,6 +1,7 @@
 """Statements on sa_route_pause and sa_route_window: provider rate limits shared by every worker."""
 
-__all__ = ["ROUTE_PAUSE", "ROUTE_PAUSES_ACTIVE", "ROUTE_WINDOW_ADD_TOKENS", "ROUTE_WINDOW_TAKE"]
+__all__ = ["ROUTE_PAUSE", "ROUTE_PAUSES_ACTIVE", "ROUTE_PAUSE_SET", "ROUTE_RESUME", "ROUTE_STATES",
+           "ROUTE_WINDOW_ADD_TOKENS", "ROUTE_WINDOW_TAKE"]
 
 # served by sa_route_pause_pkey (route). Pauses a route until `seconds` from now, or leaves a
 # later pause as it is (GREATEST): many workers meeting the same 429 agree on one end. Answers
@@ -66,5 +67,43 @@ VALUES (%(route)s, """
     + _WINDOW_START
     + """, %(tokens)s)
 ON CONFLICT (route, window_start) DO UPDATE SET tokens = r.tokens + EXCLUDED.tokens
+"""
+)
+
+# served by sa_route_pause_pkey (route). An operator's pause: exactly `seconds` from now, shorter
+# than a pause the provider caused if the operator says so (unlike ROUTE_PAUSE's GREATEST).
+ROUTE_PAUSE_SET = """
+INSERT INTO sa_route_pause AS p (route, paused_until, reason)
+VALUES (%(route)s, now() + make_interval(secs => %(seconds)s), %(reason)s)
+ON CONFLICT (route) DO UPDATE SET paused_until = EXCLUDED.paused_until, reason = EXCLUDED.reason
+RETURNING paused_until
+"""
+
+# served by sa_route_pause_pkey (route). Ends a route's pause now; answers whether it was paused.
+ROUTE_RESUME = """
+UPDATE sa_route_pause
+   SET paused_until = now(), reason = %(reason)s
+ WHERE route = %(route)s AND paused_until > now()
+RETURNING route
+"""
+
+# NOTE: sequential reads of a handful of rows (one pause per route ever paused, one or two
+# windows per limited route): no index needed. Every route with a pause or a window, with its
+# pause (if still on) and its current window's counts.
+ROUTE_STATES = (
+    """
+WITH w AS (
+    SELECT """
+    + _WINDOW_START
+    + """ AS start
+)
+SELECT r.route,
+       p.paused_until, p.reason,
+       coalesce(extract(epoch FROM p.paused_until - now()), 0)::float8 AS paused_seconds,
+       cw.window_start, coalesce(cw.requests, 0) AS requests, coalesce(cw.tokens, 0) AS tokens
+  FROM (SELECT route FROM sa_route_pause UNION SELECT route FROM sa_route_window) r
+  LEFT JOIN sa_route_pause p ON p.route = r.route AND p.paused_until > now()
+  LEFT JOIN sa_route_window cw ON cw.route = r.route AND cw.window_start = (SELECT start FROM w)
+ ORDER BY r.route
 """
 )

@@ -1,0 +1,163 @@
+"""The operator console in a real browser (Debian's Chromium through Selenium), kept cheap: one
+browser and one web (gunicorn, as the Procfile runs it) for the module, no worker.
+
+It walks what an operator does: filter the explorer, open a job's history by its link, cancel a
+filtered set in bulk after seeing its count, find the action in the log; pause and resume a
+route; and, with an `ops:read` token, see the same views with no action on them.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import httpx
+import pytest
+from psycopg_pool import ConnectionPool
+from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import WebDriverWait
+
+from jobqueue.core.db import DictConnection, open_pool
+from jobqueue.core.settings import Settings
+from jobqueue.core.tokens import issue_token
+from jobqueue.devtools.embedded_db import scratch_database
+from tests.helpers import fetch_one, require_tool
+from tests.processes import gunicorn
+
+pytestmark = pytest.mark.xdist_group("ops_console_page")
+
+API = "/sa-core/v1"
+BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
+WAIT = 20.0
+
+
+@pytest.fixture(scope="module")
+def ops_settings(base_settings: Settings) -> Iterator[Settings]:
+    with scratch_database("sa_opspage", "SA_TEST_DATABASE_URL") as url:
+        yield replace(base_settings, database_url=url, direct_database_url=url)
+
+
+@pytest.fixture(scope="module")
+def ops_pool(ops_settings: Settings) -> Iterator[ConnectionPool[DictConnection]]:
+    pool = open_pool(ops_settings.database_url, name="ops-page-tests", max_size=2)
+    yield pool
+    pool.close()
+
+
+@pytest.fixture(scope="module")
+def web(ops_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    # NOTE: a provider URL makes the `default` route; no test here calls it (no worker runs).
+    with gunicorn(ops_settings, tmp_path_factory.mktemp("web"), SA_POOL_MAX_SIZE="4",
+                  SA_OPS_BULK_BATCH="2", SA_PROVIDER_URL="http://127.0.0.1:9/v1") as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    chromium = require_tool("chromium", install=BROWSER_PACKAGES)
+    chromedriver = require_tool("chromedriver", install=BROWSER_PACKAGES)
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,900",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
+    yield driver
+    driver.quit()
+
+
+@pytest.fixture
+def page(browser: WebDriver, web: str) -> WebDriver:
+    browser.get(f"{web}{API}/openapi.json")
+    browser.delete_all_cookies()
+    return browser
+
+
+def until(driver: WebDriver, condition: Callable[[WebDriver], Any]) -> Any:
+    return WebDriverWait(driver, WAIT, poll_frequency=0.05,
+                         ignored_exceptions=(NoSuchElementException,
+                                             StaleElementReferenceException)).until(condition)
+
+
+def sign_in(driver: WebDriver, web: str, token: str) -> None:
+    driver.get(f"{web}/mission/ops")
+    field = until(driver, lambda d: (n := d.find_element(By.ID, "token")).is_displayed() and n)
+    field.send_keys(token)
+    field.submit()
+    until(driver, lambda d: d.find_element(By.ID, "app").is_displayed())
+
+
+def text_of(driver: WebDriver, element_id: str) -> str:
+    return str(driver.find_element(By.ID, element_id).text)
+
+
+def visible(driver: WebDriver, element_id: str) -> bool:
+    return bool(driver.find_element(By.ID, element_id).is_displayed())
+
+
+def test_filter_open_a_history_bulk_cancel_after_the_count_and_find_it_in_the_log(
+    page: WebDriver, web: str, ops_pool: ConnectionPool[DictConnection],
+) -> None:
+    org = 500 + uuid.uuid4().int % 1000
+    user = {"Authorization": f"Bearer {issue_token(ops_pool, org, 1).token}"}
+    jobs = [httpx.post(f"{web}{API}/prompt", headers=user, timeout=10,
+                       json={"text": f"later {i}", "delay_seconds": 3600}).json()["job_id"]
+            for i in range(3)]
+    sign_in(page, web, issue_token(ops_pool, 9, 90, scopes=("ops",)).token)
+    # NOTE: the charts are the page's own SVG: this minute's enqueued jobs draw a line.
+    until(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-jobs svg polyline.s0"))
+
+    page.find_element(By.ID, "f-org").send_keys(str(org))
+    page.find_element(By.ID, "f-apply").click()
+    links = "//table[@id='jobs']//a[@data-job-id]"
+    until(page, lambda d: d.find_element(By.ID, "jobs").get_attribute("data-filter") == f"org={org}")
+    until(page, lambda d: sorted(a.get_attribute("data-job-id")
+                                 for a in d.find_elements(By.XPATH, links)) == sorted(jobs))
+    page.find_element(By.XPATH, f"{links}[@data-job-id='{jobs[0]}']").click()
+    assert page.current_url.endswith(f"#job={jobs[0]}"), "a job has an address"
+    until(page, lambda d: visible(d, "job") and "(created)" in text_of(d, "job-transitions"))
+
+    page.find_element(By.ID, "bulk-count").click()
+    until(page, lambda d: text_of(d, "bulk-summary").startswith("3 jobs match: 3 can be cancelled"))
+    page.find_element(By.ID, "bulk-cancel").click()
+    until(page, lambda d: "Cancelled 3 jobs" in text_of(d, "bulk-summary"))
+    assert fetch_one(ops_pool, "SELECT count(*) AS n FROM sa_job WHERE org_id = %s "
+                               "AND state = 'cancelled'", org)["n"] == 3
+    until(page, lambda d: "bulk_cancel" in text_of(d, "audit")
+          and f"org_id={org}" in text_of(d, "audit"))
+    # NOTE: the open history follows: its job now ends cancelled.
+    until(page, lambda d: "cancelled" in text_of(d, "job-transitions"))
+
+
+def test_pause_and_resume_a_route_from_the_console(
+    page: WebDriver, web: str, ops_pool: ConnectionPool[DictConnection],
+) -> None:
+    sign_in(page, web, issue_token(ops_pool, 9, 91, scopes=("ops",)).token)
+    state = "//span[@class='route-state'][@data-route='default']"
+    until(page, lambda d: d.find_element(By.XPATH, state).text == "running")
+    page.find_element(By.XPATH, "//button[@aria-label='Pause route default']").click()
+    until(page, lambda d: d.find_element(By.XPATH, state).text.startswith("paused"))
+    page.find_element(By.XPATH, "//button[@aria-label='Resume route default']").click()
+    until(page, lambda d: d.find_element(By.XPATH, state).text == "running")
+    until(page, lambda d: "resume_route" in text_of(d, "audit") and "pause_route" in text_of(d, "audit"))
+
+
+def test_an_ops_read_token_sees_the_console_without_its_actions(
+    page: WebDriver, web: str, ops_pool: ConnectionPool[DictConnection],
+) -> None:
+    sign_in(page, web, issue_token(ops_pool, 9, 92, scopes=("ops:read",)).token)
+    until(page, lambda d: visible(d, "readonly-note") and d.find_elements(By.XPATH,
+          "//span[@class='route-state']"))
+    until(page, lambda d: d.find_elements(By.XPATH, "//table[@id='jobs']//a[@data-job-id]"))
+    for element_id in ("selected-cancel", "selected-retry"):
+        assert not visible(page, element_id)
+    assert not any(b.is_displayed() for b in page.find_elements(By.XPATH, "//table//button"))
+    assert not any(b.is_displayed() for b in page.find_elements(By.XPATH, "//table//input"))
