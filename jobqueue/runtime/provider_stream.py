@@ -17,6 +17,7 @@ costs to read is paid twenty or a thousand times per call. Two costs are cut:
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import json
@@ -27,6 +28,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import structlog
+
 from jobqueue.runtime.provider_answer import TooLarge, check_storable, unreadable
 from jobqueue.runtime.provider_transport import DeadlineReader
 
@@ -36,6 +39,10 @@ _READ = 65536
 # NOTE: a chunk-size line is a hex number with optional extensions: far below this.
 _MAX_SIZE_LINE = 4096
 _DECODER = json.JSONDecoder()
+# NOTE: how long past a call's deadline its thread waits for the loop before giving up on it.
+_LOOP_SLACK = 5.0
+
+log = structlog.get_logger(__name__)
 
 
 class ChunkedBody:
@@ -171,7 +178,7 @@ class StreamedAnswer:
 class _Reading:
     """One body the poller reads, and how its call learns that it ended."""
 
-    __slots__ = ("body", "done", "error", "fd", "handle", "last", "reader")
+    __slots__ = ("abandoned", "body", "done", "error", "fd", "handle", "last", "reader")
 
     def __init__(self, body: ChunkedBody, reader: DeadlineReader,
                  handle: Callable[[bytes], bool]) -> None:
@@ -182,6 +189,7 @@ class _Reading:
         self.last = time.monotonic()
         self.done = threading.Event()
         self.error: BaseException | None = None
+        self.abandoned = False
 
 
 class StreamPoller:
@@ -222,20 +230,38 @@ class StreamPoller:
                                                     daemon=True)
                     self._thread.start()
             self._wake.set()
-            reading.done.wait()
+            # NOTE: the loop ends a reading past its deadline; this bound only guards against
+            # a loop that stopped.
+            if not reading.done.wait(max(0.0, reading.reader.deadline - time.monotonic())
+                                     + _LOOP_SLACK):
+                reading.error = TimeoutError("the stream poller did not end the reading")
+                reading.abandoned = True
         finally:
             reader.poll_mode(False)
         if reading.error is not None:
             raise reading.error
 
     def _run(self) -> None:
+        while True:
+            try:
+                self._loop()
+            except Exception:
+                # NOTE: never dies: every call of the process waits on this loop.
+                log.exception("stream_poller.failed")
+                time.sleep(self._tick)
+
+    def _loop(self) -> None:
         next_check = time.monotonic() + self._check
         while True:
             with self._lock:
                 added, self._added = self._added, []
             for reading in added:
                 self._readings[reading.fd] = reading
-                self._epoll.register(reading.fd, select.EPOLLIN)
+                try:
+                    self._epoll.register(reading.fd, select.EPOLLIN)
+                except FileExistsError:
+                    # NOTE: the descriptor of a socket closed while it was read, reused.
+                    self._epoll.modify(reading.fd, select.EPOLLIN)
                 # NOTE: what http.client's buffer already holds raises no event.
                 self._drain(reading, polled=False)
             if not self._readings:
@@ -290,13 +316,18 @@ class StreamPoller:
     def _expire(self, now: float) -> None:
         for reading in list(self._readings.values()):
             idle = reading.reader.idle_timeout
-            if now >= reading.reader.deadline or (idle and now - reading.last >= idle):
+            if reading.abandoned:
+                self._end(reading)
+            elif now >= reading.reader.deadline or (idle and now - reading.last >= idle):
                 reading.error = TimeoutError("the call's deadline or idle bound has passed")
                 self._end(reading)
 
     def _end(self, reading: _Reading) -> None:
-        if self._readings.pop(reading.fd, None) is not None:
-            self._epoll.unregister(reading.fd)
+        if self._readings.get(reading.fd) is reading:
+            del self._readings[reading.fd]
+            # NOTE: a socket closed meanwhile (a provider closed at shutdown) left epoll already.
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(reading.fd)
         reading.done.set()
 
 
