@@ -34,6 +34,7 @@ from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import job_event as event_q
 from jobqueue.core.queries import maintenance as maintenance_q
 from jobqueue.core.queries import metrics as metrics_q
+from jobqueue.core.queries import org_token as org_token_q
 from jobqueue.core.queries import partial as partial_q
 from jobqueue.core.queries import route as route_q
 from jobqueue.engine.claim import DEFAULT_DEPTH
@@ -97,6 +98,12 @@ HOT_PATH = [
     HotStatement("claim", claim_q.JOB_CLAIM_MANY, _CLAIM, job_q.JOB_PLAN_SETTINGS),
     # NOTE: the per-org rank needs every claimable row (see its comment), so it may sort them,
     # but it still reads them through the claim index, never the table.
+    # NOTE: fair by tokens (SA_FAIR_BY_TOKENS): the same heads, plus one probe of the orgs'
+    # recent tokens each.
+    HotStatement("claim_by_tokens", claim_q.JOB_CLAIM_MANY_BY_TOKENS,
+                 {**_CLAIM, "token_window": 60.0}, job_q.JOB_PLAN_SETTINGS),
+    HotStatement("claim_candidates_by_tokens", claim_q.JOB_CLAIM_CANDIDATES_BY_TOKENS,
+                 {**_CLAIM, "token_window": 60.0}, job_q.JOB_PLAN_SETTINGS),
     HotStatement("claim_org_capped", claim_q.JOB_CLAIM_MANY_ORG_CAPPED, _CLAIM,
                  job_q.JOB_PLAN_SETTINGS, reads_backlog=True),
     HotStatement("finalize_mixed", job_q.JOB_SET_STATE_IF_RUNNING_MANY, _FINALIZE, prepared=False),
@@ -183,6 +190,12 @@ HOT_PATH = [
     HotStatement("console_workers", console_q.WORKER_LIST_FROM_CLAIMS, {}, reads_backlog=True),
     HotStatement("console_charts", console_q.JOB_EVENT_PER_MINUTE_SINCE,
                  {"since": datetime.now(UTC)}),
+    HotStatement("route_window_reserve", route_q.ROUTE_WINDOW_RESERVE,
+                 {"route": "r", "rpm": 10, "tpm": 1000, "tokens": 100, "window": 60.0}),
+    HotStatement("route_window_settle", route_q.ROUTE_WINDOW_SETTLE,
+                 {"route": "r", "window_start": datetime.now(UTC), "reserved": 100, "used": 80}),
+    HotStatement("org_token_window_add", org_token_q.ORG_TOKEN_WINDOW_ADD,
+                 {"org_id": 1, "tokens": 80, "calls": 1, "window": 60.0}),
 ]
 
 

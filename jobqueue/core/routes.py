@@ -28,7 +28,7 @@ DEFAULT_ROUTE = "default"
 AuthStyle = Literal["bearer", "api-key"]
 _AUTH_STYLES: tuple[AuthStyle, ...] = ("bearer", "api-key")
 _KEYS = frozenset({"name", "base_url", "api_key_env", "auth", "query", "models", "stream", "rpm",
-                   "tpm", "fallbacks", "prices"})
+                   "tpm", "max_tokens_default", "fallbacks", "prices"})
 
 
 class RouteError(ValueError):
@@ -52,6 +52,8 @@ class Route:
     """Routes a failed call moves the job's next attempt to, in order (jobqueue/core/fallback.py)."""
     prices: Prices | None = None
     """USD per million tokens (jobqueue/core/pricing.py); None: calls cost nothing known."""
+    # NOTE: the answer's tokens a call without `max_tokens` reserves (0: 256, token_estimate.py).
+    max_tokens_default: int = 0
 
     @property
     def url(self) -> str:
@@ -186,10 +188,11 @@ def _route(item: Any, index: int, env: Mapping[str, str]) -> Route:
     if not isinstance(stream, bool):
         raise RouteError(f"{where}: stream must be true or false")
     limits = {}
-    for limit in ("rpm", "tpm"):
+    for limit in ("rpm", "tpm", "max_tokens_default"):
         value = item.get(limit, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise RouteError(f"{where}: {limit} must be an integer >= 0 (0: no limit)")
+            raise RouteError(f"{where}: {limit} must be an integer >= 0 (0: "
+                             f"{'256' if limit == 'max_tokens_default' else 'no limit'})")
         limits[limit] = value
     fallbacks = item.get("fallbacks", [])
     if not isinstance(fallbacks, list) or not all(isinstance(f, str) and f for f in fallbacks):

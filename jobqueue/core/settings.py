@@ -249,6 +249,9 @@ class Settings:
     org_budget_daily: float = 0.0
     org_budget_monthly: float = 0.0
     route_limit_window: float = 60.0
+    token_reservations: bool = True
+    ratelimit_headers: bool = True
+    fair_by_tokens: bool = False
     stream_interval: float = 0.075
     shutdown_grace: float = 30.0
     listen: bool = True
@@ -350,6 +353,9 @@ class Settings:
             fallback_after=_float(env, "SA_FALLBACK_AFTER", 10.0, minimum=-1.0),
             org_budget_daily=_usd(env, "SA_ORG_BUDGET_DAILY"),
             org_budget_monthly=_usd(env, "SA_ORG_BUDGET_MONTHLY"),
+            token_reservations=_flag(env, "SA_TOKEN_RESERVATIONS", True),
+            ratelimit_headers=_flag(env, "SA_RATELIMIT_HEADERS", True),
+            fair_by_tokens=_flag(env, "SA_FAIR_BY_TOKENS", False),
             stream_interval=_float(env, "SA_STREAM_INTERVAL", 0.075),
             shutdown_grace=_float(env, "SA_SHUTDOWN_GRACE", 30.0, minimum=-1.0),
             listen=env.get("SA_LISTEN", "1") != "0",

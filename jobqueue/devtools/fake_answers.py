@@ -8,8 +8,8 @@ import json
 import time
 from typing import Any
 
-__all__ = ["REPLIES", "UNAUTHORIZED", "completion", "error_body", "stream_events",
-           "valid_messages"]
+__all__ = ["REPLIES", "UNAUTHORIZED", "completion", "error_body", "max_tokens_of",
+           "stream_events", "valid_messages"]
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 422: "invalid_request_error", 429: "rate_limit_error"}
@@ -56,10 +56,14 @@ def valid_messages(body: Any) -> list[dict[str, str]] | None:
 
 
 def completion(model: str, messages: list[dict[str, str]], raw: bytes,
-               reply: str | None = None) -> dict[str, Any]:
-    """A `chat.completion` whose reply echoes the messages, so tests can check the context."""
+               reply: str | None = None, max_tokens: int | None = None) -> dict[str, Any]:
+    """A `chat.completion` whose reply echoes the messages, so tests can check the context;
+    cut to `max_tokens` words (`finish_reason: length`) when it is longer."""
     if reply is None:
         reply = f"echo[{len(messages)}]: " + " | ".join(f"{m['role']}:{m['content']}" for m in messages)
+    finish = "stop"
+    if max_tokens is not None and len(reply.split()) > max_tokens:
+        reply, finish = " ".join(reply.split()[:max_tokens]), "length"
     prompt_tokens = sum(len(m["content"].split()) for m in messages)
     completion_tokens = len(reply.split())
     return {
@@ -68,7 +72,7 @@ def completion(model: str, messages: list[dict[str, str]], raw: bytes,
         "created": int(time.time()),
         "model": model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": reply},
-                     "finish_reason": "stop"}],
+                     "finish_reason": finish}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                   "total_tokens": prompt_tokens + completion_tokens},
     }
@@ -86,3 +90,12 @@ def stream_events(answer: dict[str, Any]) -> list[bytes]:
                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
                    "usage": answer["usage"]})
     return [b"data: " + json.dumps(chunk).encode() + b"\n\n" for chunk in chunks]
+
+
+def max_tokens_of(body: dict[str, Any]) -> int | None:
+    """The request's `max_tokens` (or `max_completion_tokens`) when it is a positive integer."""
+    for name in ("max_tokens", "max_completion_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

@@ -51,6 +51,9 @@ class FakeConfig:
     flavour: str = "openai"
     throttle_seconds: float = 0.0
     throttle_retry_after: str | None = "1"
+    rpm: int = 0
+    tpm: int = 0
+    limit_window: float = 60.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.latency) and self.latency >= 0):
@@ -58,6 +61,10 @@ class FakeConfig:
         for name in ("fail_rate", "rate_limit_rate", "hang_rate"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be within [0, 1]")
+        if self.rpm < 0 or self.tpm < 0:
+            raise ValueError("rpm and tpm must be >= 0 (0: no limit)")
+        if not (math.isfinite(self.limit_window) and self.limit_window > 0):
+            raise ValueError("limit_window must be a finite number > 0")
         if self.flavour not in FLAVOURS:
             raise ValueError(f"flavour must be one of: {', '.join(FLAVOURS)}")
 

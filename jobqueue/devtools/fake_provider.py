@@ -107,6 +107,11 @@ class FakeProvider:
             return list(server.arrivals)
 
     @property
+    def limited(self) -> int:
+        """Chat calls answered 429 because they went past the server's --rpm/--tpm."""
+        return self._require().limits.limited
+
+    @property
     def requests_served(self) -> int:
         """Number of requests to the chat endpoint so far, failures included."""
         server = self._require()
@@ -190,6 +195,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return int(text)
+
+
+def _positive(text: str) -> float:
+    if not (value := nonneg_float(text)):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds the fake provider's options to a subcommand parser.
 
@@ -210,6 +227,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="answer every call 429 for this long after the first one")
     parser.add_argument("--flavour", choices=FLAVOURS, default="openai",
                         help="whose error bodies to answer with (Azure paths always Azure's)")
+    parser.add_argument("--rpm", type=_count, default=0,
+                        help="requests per limit window (0: none); past it 429, and "
+                             "x-ratelimit-* headers on every answer")
+    parser.add_argument("--tpm", type=_count, default=0,
+                        help="tokens per limit window (prompt + max_tokens; 0: none)")
+    parser.add_argument("--limit-window", type=_positive, default=60.0,
+                        help="seconds of the --rpm/--tpm window (60)")
 
 
 def config_from_args(args: argparse.Namespace) -> FakeConfig:
@@ -227,4 +251,5 @@ def config_from_args(args: argparse.Namespace) -> FakeConfig:
     return FakeConfig(latency=args.latency, fail_rate=args.fail_rate,
                       rate_limit_rate=args.rate_limit_rate, hang_rate=args.hang_rate,
                       seed=args.seed, verbose=args.verbose, api_key=args.api_key,
-                      flavour=args.flavour, throttle_seconds=args.throttle_seconds)
+                      flavour=args.flavour, throttle_seconds=args.throttle_seconds,
+                      rpm=args.rpm, tpm=args.tpm, limit_window=args.limit_window)

@@ -23,9 +23,11 @@ from jobqueue.devtools.fake_answers import (
     UNAUTHORIZED,
     completion,
     error_body,
+    max_tokens_of,
     stream_events,
     valid_messages,
 )
+from jobqueue.devtools.fake_limits import ProviderLimits
 from jobqueue.devtools.fake_markers import FakeConfig, Markers, Outcome
 
 __all__ = ["POLL_S", "FakeServer"]
@@ -55,6 +57,7 @@ class FakeServer(ThreadingHTTPServer):
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
         self.markers = Markers(config)
+        self.limits = ProviderLimits(config.rpm, config.tpm, config.limit_window)
         self.served = 0
         self.bodies: deque[dict[str, Any]] = deque(maxlen=_RECEIVED_MAX)
         self.first_call: float | None = None
@@ -78,6 +81,8 @@ class _Handler(BaseHTTPRequestHandler):
     def setup(self) -> None:
         super().setup()
         self.flavour = self.server.config.flavour
+        # NOTE: the x-ratelimit-* headers of the request being answered (its limits' state).
+        self.limit_headers: dict[str, str] = {}
         with self.server.lock:
             self.server.conns.add(self.connection)
 
@@ -121,6 +126,7 @@ class _Handler(BaseHTTPRequestHandler):
         raw = self._read_body()
         if raw is None:
             return
+        self.limit_headers = {}
         url = urllib.parse.urlsplit(self.path)
         azure = _AZURE_PATH_RE.fullmatch(url.path) is not None
         self.flavour = "azure" if azure else self.server.config.flavour
@@ -158,12 +164,29 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_error(400, "Body needs a string 'model' and a 'messages' list of "
                                   "{role, content} strings")
             return
+        max_tokens = max_tokens_of(body)
+        if self.server.limits.active and not self._within_limits(messages, raw, max_tokens):
+            return
         last_user = next((m["content"] for m in reversed(messages) if m["role"] == "user"), "")
         latency, outcome = self.server.markers.plan(last_user)
         if self.server.stop_event.wait(self.server.config.latency + latency):
             self.close_connection = True
             return
-        self._answer(outcome, body["model"], messages, raw, body.get("stream") is True)
+        self._answer(outcome, body["model"], messages, raw, body.get("stream") is True,
+                     max_tokens)
+
+    def _within_limits(self, messages: list[dict[str, str]], raw: bytes,
+                       max_tokens: int | None) -> bool:
+        """Counts the call against the server's rpm/tpm (its prompt's tokens and `max_tokens`,
+        else its reply's); answers 429 and returns False past them."""
+        usage = completion("m", messages, raw, max_tokens=max_tokens)["usage"]
+        admission = self.server.limits.admit(
+            usage["prompt_tokens"] + (max_tokens or usage["completion_tokens"]))
+        self.limit_headers = admission.headers
+        if not admission.allowed:
+            self._send_error(429, "Rate limit reached for tokens or requests",
+                             {"Retry-After": admission.retry_after or "1"})
+        return admission.allowed
 
     def _authorized(self, azure: bool) -> bool:
         """Azure's deployments take the key as `api-key`; everyone else as a Bearer token."""
@@ -175,9 +198,10 @@ class _Handler(BaseHTTPRequestHandler):
         return self.headers.get("Authorization") == f"Bearer {key}"
 
     def _answer(self, outcome: Outcome, model: str, messages: list[dict[str, str]],
-                raw: bytes, stream: bool) -> None:
+                raw: bytes, stream: bool, max_tokens: int | None) -> None:
         if outcome.kind in ("ok", "bytes", "nul", "surrogate"):
-            answer = completion(model, messages, raw, REPLIES.get(outcome.kind))
+            answer = completion(model, messages, raw, REPLIES.get(outcome.kind),
+                                max_tokens if outcome.kind == "ok" else None)
             if outcome.kind == "bytes":
                 answer["choices"][0]["message"]["content"] = "x" * int(outcome.amount)
             if stream:
@@ -216,6 +240,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
+        for name, value in self.limit_headers.items():
+            self.send_header(name, value)
         self.end_headers()
         events = stream_events(answer)
         for n, event in enumerate([*events, b"data: [DONE]\n\n", b""]):
@@ -259,7 +285,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
+        for name, value in {**self.limit_headers, **(headers or {})}.items():
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)

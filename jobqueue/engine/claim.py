@@ -123,6 +123,7 @@ def claim(
     org_max_running: int = 0,
     priority_aging: float = DEFAULT_PRIORITY_AGING,
     held_orgs: Sequence[int] = (),
+    token_window: float = 0.0,
 ) -> list[ClaimedJob]:
     """Claims up to `limit` claimable jobs, most urgent (lowest priority number) then oldest first.
 
@@ -136,6 +137,9 @@ def claim(
         priority_aging: seconds after which a due job is claimed before every priority
             (`SA_PRIORITY_AGING`).
         held_orgs: orgs whose queued jobs are not claimed now (past their budget).
+        token_window: when > 0 (`SA_FAIR_BY_TOKENS`), orgs take turns by the tokens they used
+            in the last two windows of this many seconds, not by jobs (ignored with
+            `org_max_running`).
 
     Returns:
         The claimed jobs in claim order.
@@ -144,7 +148,8 @@ def claim(
         return []
     params = {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling,
               "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH,
-              "aging": priority_aging, "held_orgs": list(held_orgs)}
+              "aging": priority_aging, "held_orgs": list(held_orgs),
+              "token_window": token_window}
     # PERF: BEGIN, the plan settings and COMMIT cost three short round trips more than the lone
     # statement; they buy a claim whose cost does not grow with the backlog (see the settings).
     with pool.connection() as conn, metrics.CLAIM_SECONDS.time(), conn.cursor() as cur:
@@ -153,14 +158,13 @@ def claim(
         try:
             with conn.transaction():
                 _prepare(cur, capped)
-                rows = cur.execute(claim_q.JOB_CLAIM_MANY_ORG_CAPPED if capped else claim_q.JOB_CLAIM_MANY,
-                                   params).fetchall()
+                rows = cur.execute(_statement(capped, token_window, many=True), params).fetchall()
         except psycopg.Error as exc:
             if is_connection_failure(conn, exc):
                 raise
             log.warning("claim.split", worker_id=worker_claim, sqlstate=exc.sqlstate,
                         error=str(exc).strip()[:300])
-            rows = _claim_around(conn, cur, params, capped)
+            rows = _claim_around(conn, cur, params, capped, token_window)
         if rows:
             wakeup.for_pool(pool).job_changed()
         for r in rows:
@@ -204,15 +208,24 @@ def _prepare(cur: psycopg.Cursor[dict[str, Any]], capped: bool) -> None:
         cur.execute(claim_q.JOB_CLAIM_LOCK_ORG_CAPPED)
 
 
+def _statement(capped: bool, token_window: float, *, many: bool) -> str:
+    """The claim (`many`) or its candidates: org-capped, fair by tokens, or by turns."""
+    if capped:
+        return claim_q.JOB_CLAIM_MANY_ORG_CAPPED if many else claim_q.JOB_CLAIM_CANDIDATES_ORG_CAPPED
+    if token_window > 0:
+        return claim_q.JOB_CLAIM_MANY_BY_TOKENS if many else claim_q.JOB_CLAIM_CANDIDATES_BY_TOKENS
+    return claim_q.JOB_CLAIM_MANY if many else claim_q.JOB_CLAIM_CANDIDATES
+
+
 def _claim_around(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]],
-                  params: dict[str, Any], capped: bool) -> list[dict[str, Any]]:
+                  params: dict[str, Any], capped: bool,
+                  token_window: float) -> list[dict[str, Any]]:
     """Claims the jobs the failed claim would have taken, by id, around the one that cannot be
     written, which is quarantined so no later claim chooses it again."""
     with conn.transaction():
         _prepare(cur, capped)
-        candidates = cur.execute(
-            claim_q.JOB_CLAIM_CANDIDATES_ORG_CAPPED if capped else claim_q.JOB_CLAIM_CANDIDATES,
-            params).fetchall()
+        candidates = cur.execute(_statement(capped, token_window, many=False),
+                                 params).fetchall()
 
         def take(c: DictConnection, part: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             return cur.execute(claim_q.JOB_CLAIM_IDS, {**params, "job_ids": [r["id"] for r in part]},

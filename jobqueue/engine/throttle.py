@@ -1,4 +1,5 @@
-"""Provider rate limits shared by every worker: route pauses and per-window call counts.
+"""Provider rate limits shared by every worker: route pauses, per-window call counts and token
+reservations, and the tokens each org used recently.
 
 A 429, or a configured requests/tokens-per-minute limit reached, pauses the route in Postgres
 (sa_route_pause), so every worker stops calling it, not just the one that met the limit.
@@ -7,13 +8,16 @@ A 429, or a configured requests/tokens-per-minute limit reached, pauses the rout
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import org_token as org_q
 from jobqueue.core.queries import route as q
 
-__all__ = ["Pause", "active_pauses", "add_tokens", "pause", "take"]
+__all__ = ["Pause", "Reserved", "active_pauses", "add_org_tokens", "add_tokens", "pause",
+           "reserve", "settle", "take"]
 
 
 @dataclass(frozen=True)
@@ -60,3 +64,42 @@ def add_tokens(pool: ConnectionPool[DictConnection], route: str, tokens: int,
     with pool.connection() as conn:
         conn.execute(q.ROUTE_WINDOW_ADD_TOKENS, {"route": route, "tokens": tokens,
                                                  "window": window})
+
+
+@dataclass(frozen=True)
+class Reserved:
+    """A reservation's answer: the window it is held in, or the seconds until the next one."""
+
+    window_start: datetime | None
+    seconds_left: float
+
+
+def reserve(pool: ConnectionPool[DictConnection], route: str, rpm: int, tpm: int, tokens: int,
+            window: float) -> Reserved:
+    """Counts one call and reserves `tokens` against the route's current window if both fit.
+
+    Returns:
+        The window held (`window_start` None: the limit is reached; wait `seconds_left`).
+    """
+    with pool.connection() as conn:
+        row = conn.execute(q.ROUTE_WINDOW_RESERVE, {"route": route, "rpm": rpm, "tpm": tpm,
+                                                    "tokens": tokens, "window": window}).fetchone()
+    assert row is not None
+    return Reserved(row["window_start"] if row["allowed"] else None,
+                    max(0.0, float(row["seconds_left"])))
+
+
+def settle(pool: ConnectionPool[DictConnection], route: str, window_start: datetime,
+           reserved: int, used: int) -> None:
+    """Replaces a reservation by the tokens the call reported (0: releases it)."""
+    with pool.connection() as conn:
+        conn.execute(q.ROUTE_WINDOW_SETTLE, {"route": route, "window_start": window_start,
+                                             "reserved": reserved, "used": used})
+
+
+def add_org_tokens(pool: ConnectionPool[DictConnection], org_id: int, tokens: int,
+                   window: float, calls: int = 1) -> None:
+    """Adds tokens (and calls) to an org's current window, for the fair claim by tokens."""
+    with pool.connection() as conn:
+        conn.execute(org_q.ORG_TOKEN_WINDOW_ADD, {"org_id": org_id, "tokens": tokens,
+                                                  "calls": calls, "window": window})

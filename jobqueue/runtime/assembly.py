@@ -38,6 +38,7 @@ def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
     `overrides`."""
     return replace(WorkerConfig(
         org_max_running=settings.org_max_running, priority_aging=settings.priority_aging,
+        token_window=settings.route_limit_window if settings.fair_by_tokens else 0.0,
         poll_interval=settings.poll_interval, heartbeat_interval=settings.heartbeat_interval,
         cancel_check_interval=settings.cancel_check_interval,
         shutdown_grace=settings.shutdown_grace, budgets=settings.budgets,
@@ -115,7 +116,10 @@ def assemble_worker(
     deltas = DeltaWriter(opened, settings.stream_interval)
     executor = Executor(
         completer=completer, providers=built, backoff=backoff,
-        gate=RouteGate(opened, refresh=settings.gate_refresh, window=settings.route_limit_window),
+        gate=RouteGate(opened, refresh=settings.gate_refresh, window=settings.route_limit_window,
+                       reserve_tokens=settings.token_reservations,
+                       use_headers=settings.ratelimit_headers,
+                       fair_by_tokens=settings.fair_by_tokens),
         throttle_max_wait=settings.throttle_max_wait, deltas=deltas,
         fallback_after=settings.fallback_after)
     return AssembledWorker(Worker(opened, executor, config, worker_id), opened, built, completer,

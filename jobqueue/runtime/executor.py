@@ -94,13 +94,13 @@ class Executor:
                 return Outcome.ABANDONED
             return self._handle_failure(job, unroutable, model, bound)
         provider = self.providers.providers[route.name]
-        waiting = self.gate.admit(route)
-        if waiting > 0:
+        ticket = self.gate.admit(route, messages, job.options.get("max_tokens"), job.org_id)
+        if ticket.wait > 0:
             if not self._may_finish(control, bound):
                 return Outcome.ABANDONED
             return self._throttle(job, route, ProviderFailure(
                 ErrorKind.RATE_LIMIT, f"route {route.name!r} is throttled (no call made)",
-                retry_after=waiting), model, bound, called=False)
+                retry_after=ticket.wait), model, bound, called=False)
         # NOTE: a streamed attempt's text shows while it arrives (GET /jobs, job.output_delta).
         stream = self.deltas.open(job, control) if route.stream else None
         try:
@@ -115,12 +115,14 @@ class Executor:
                 if stream is not None:
                     stream.close()
         except CallAbandoned:
+            self.gate.release(ticket)
             # NOTE: whoever abandoned the run (worker.py) logged it; a stream's write finding the
             # job gone (which abandons the control, cutting the call) is logged here.
             if stream is not None and stream.lost:
                 bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
             return Outcome.ABANDONED
         except ProviderFailure as failure:
+            self.gate.release(ticket, failure.ratelimit)
             # NOTE: one event per provider call; never the prompt or the reply, only their figures.
             bound.warning("provider.request", outcome=failure.kind.value, model=model,
                           route=route.name, http_status=failure.http_status,
@@ -141,7 +143,7 @@ class Executor:
                          completion.tokens_in, completion.tokens_out)
         if cost:
             metrics.PROVIDER_COST.labels(route=route.name).inc(cost)
-        self.gate.spent(route, (completion.tokens_in or 0) + (completion.tokens_out or 0))
+        self.gate.settle(ticket, completion.tokens_in, completion.tokens_out, completion.ratelimit)
         if not self._may_finish(control, bound):
             return Outcome.ABANDONED
         call = CallRecord(

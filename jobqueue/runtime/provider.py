@@ -13,7 +13,7 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -23,6 +23,7 @@ from jobqueue.core.policy import ErrorKind, classify_status, parse_retry_after
 from jobqueue.core.redact import redact
 from jobqueue.core.routes import Route, Routes
 from jobqueue.core.settings import DEFAULT_MAX_RESPONSE_BYTES
+from jobqueue.core.token_estimate import RateLimitHeaders
 from jobqueue.runtime.provider_answer import (
     Completion,
     ProviderFailure,
@@ -221,7 +222,9 @@ class Provider:
 
     def _answer(self, response: http.client.HTTPResponse, model: str,
                 on_delta: Callable[[str], None] | None, started: float) -> Completion:
-        """Reads the answer to the end: a completion, or a ProviderFailure for an error status."""
+        """Reads the answer to the end: a completion, or a ProviderFailure for an error status;
+        either carries the answer's `x-ratelimit-*` headers."""
+        limits = RateLimitHeaders.read(response.getheader)
         if not 200 <= response.status < 300:
             data = self._read(response)
             raise ProviderFailure(
@@ -229,12 +232,15 @@ class Provider:
                 f"provider answered {response.status}: {error_message(data)}",
                 http_status=response.status,
                 retry_after=parse_retry_after(response.getheader("retry-after"), datetime.now(UTC)),
-                latency_ms=elapsed_ms(started),
+                latency_ms=elapsed_ms(started), ratelimit=limits,
             )
         if on_delta is not None and (response.getheader("content-type") or "").startswith(
                 "text/event-stream"):
-            return self._read_stream(response, model, on_delta, started)
-        return parse_answer(self._read(response), response.status, model, elapsed_ms(started))
+            answer = self._read_stream(response, model, on_delta, started)
+        else:
+            answer = parse_answer(self._read(response), response.status, model,
+                                  elapsed_ms(started))
+        return answer if limits is None else replace(answer, ratelimit=limits)
 
     def _read(self, response: http.client.HTTPResponse) -> bytes:
         """The whole body, refusing one past the size cap before reading it when its length says so."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jobqueue.core.policy import ErrorKind
+from jobqueue.core.token_estimate import RateLimitHeaders
 
 __all__ = ["Completion", "ProviderFailure", "TooLarge", "check_storable", "completion_from",
            "elapsed_ms", "error_message", "parse_answer", "unreadable"]
@@ -31,6 +32,7 @@ class Completion:
     http_status: int
     latency_ms: int
     request_id: str | None
+    ratelimit: RateLimitHeaders | None = None
 
 
 class ProviderFailure(Exception):
@@ -44,8 +46,10 @@ class ProviderFailure(Exception):
         http_status: int | None = None,
         retry_after: float | None = None,
         latency_ms: int = 0,
+        ratelimit: RateLimitHeaders | None = None,
     ) -> None:
         super().__init__(message)
+        self.ratelimit = ratelimit
         self.kind = kind
         self.message = message[:_MESSAGE_LIMIT]
         self.http_status = http_status

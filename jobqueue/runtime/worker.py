@@ -60,6 +60,8 @@ class WorkerConfig:
     priority_ceiling: int = 100
     org_max_running: int = 0
     priority_aging: float = DEFAULT_PRIORITY_AGING
+    # NOTE: > 0 when SA_FAIR_BY_TOKENS is on: the claim weighs the orgs' tokens in windows of it.
+    token_window: float = 0.0
     poll_interval: float = 2.0
     heartbeat_interval: float = 30.0
     cancel_check_interval: float = 0.5
@@ -267,7 +269,7 @@ class Worker:
             return False
         jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
                      self.config.org_max_running, self.config.priority_aging,
-                     self._held.current())
+                     held_orgs=self._held.current(), token_window=self.config.token_window)
         self.claim_rounds += 1
         for job in jobs:
             run = _Run(job, RunControl(partial(self._call_returned, job.id)))

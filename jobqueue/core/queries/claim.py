@@ -5,10 +5,12 @@ Run under JOB_PLAN_SETTINGS (queries/job.py) in the claim's transaction.
 
 __all__ = [
     "JOB_CLAIM_CANDIDATES",
+    "JOB_CLAIM_CANDIDATES_BY_TOKENS",
     "JOB_CLAIM_CANDIDATES_ORG_CAPPED",
     "JOB_CLAIM_IDS",
     "JOB_CLAIM_LOCK_ORG_CAPPED",
     "JOB_CLAIM_MANY",
+    "JOB_CLAIM_MANY_BY_TOKENS",
     "JOB_CLAIM_MANY_ORG_CAPPED",
     "JOB_NEXT_DUE",
 ]
@@ -84,7 +86,7 @@ SELECT claimed.*, (
 # whole: their queued jobs wait, unclaimed, until the budget frees (jobqueue/engine/spend.py).
 # NOTE: the claim's choice, shared with JOB_CLAIM_CANDIDATES: a job set aside in
 # sa_job_quarantine (one probe of its primary key per head read) is never chosen.
-_CLAIM_CHOICE = """
+_CLAIM_HEADS = """
 WITH RECURSIVE orgs AS (
     (SELECT org_id FROM sa_job WHERE state = 'queued' ORDER BY org_id LIMIT 1)
     UNION ALL
@@ -111,17 +113,54 @@ WITH RECURSIVE orgs AS (
               AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = j.id)
             ORDER BY j.priority, j.scheduled_for
             LIMIT %(limit)s) AS head
-), chosen AS (
+"""
+
+_CLAIM_CHOICE = (
+    _CLAIM_HEADS
+    + """), chosen AS (
     SELECT heads.id, heads.org_id
       FROM heads
      ORDER BY heads.rank, heads.turn, heads.scheduled_for
      LIMIT %(limit)s
 )
 """
+)
 
-JOB_CLAIM_MANY = (
-    _CLAIM_CHOICE
-    + """, picked AS (
+# Fair by tokens (SA_FAIR_BY_TOKENS): the same heads, taken in the order of the tokens each org
+# would have used by its turn, not of the turn alone. `usage` sums each waiting org's tokens
+# (calls in flight at their estimate) and calls over the current and the previous window of
+# `token_window` seconds, by sa_org_token_window_pkey (org_id, window_start): one probe per org
+# with queued work. An org's n-th head ranks at its recent tokens + n x its tokens per call (an
+# org with no recent call: the waiting orgs' average, else 1, so it ranks by turn): an org of
+# long prompts gets fewer turns, one of short prompts more, until their recent tokens are even.
+# Priority (`rank`, aging included) still comes first. Reads what _CLAIM_CHOICE reads, and
+# that table.
+_CLAIM_CHOICE_BY_TOKENS = (
+    _CLAIM_HEADS
+    + """), usage AS (
+    SELECT w.org_id, sum(w.tokens)::float8 AS tokens, sum(w.calls)::float8 AS calls
+      FROM orgs
+      JOIN sa_org_token_window w
+        ON w.org_id = orgs.org_id
+       AND w.window_start >= now() - make_interval(secs => 2 * %(token_window)s)
+     GROUP BY w.org_id
+), overall AS (
+    SELECT sum(usage.tokens) / nullif(sum(usage.calls), 0) AS per_call FROM usage
+), chosen AS (
+    SELECT heads.id, heads.org_id
+      FROM heads
+      LEFT JOIN usage ON usage.org_id = heads.org_id
+     CROSS JOIN overall
+     ORDER BY heads.rank,
+              coalesce(usage.tokens, 0) + heads.turn * coalesce(
+                  usage.tokens / nullif(usage.calls, 0), overall.per_call, 1),
+              heads.scheduled_for
+     LIMIT %(limit)s
+)
+"""
+)
+
+_PICK_CHOSEN = """, picked AS (
     SELECT j.id
       FROM sa_job j
      WHERE j.id = ANY (ARRAY(SELECT chosen.id FROM chosen))
@@ -129,12 +168,18 @@ JOB_CLAIM_MANY = (
        FOR UPDATE SKIP LOCKED
 )
 """
-    + _CLAIM_SET
-)
+
+JOB_CLAIM_MANY = _CLAIM_CHOICE + _PICK_CHOSEN + _CLAIM_SET
+
+# JOB_CLAIM_MANY, fair by tokens (SA_FAIR_BY_TOKENS; see _CLAIM_CHOICE_BY_TOKENS).
+JOB_CLAIM_MANY_BY_TOKENS = _CLAIM_CHOICE_BY_TOKENS + _PICK_CHOSEN + _CLAIM_SET
 
 # The jobs JOB_CLAIM_MANY would take, without taking them: when the claim statement fails on a
 # row (jobqueue/engine/claim.py), these are claimed by id around the one that cannot be written.
 JOB_CLAIM_CANDIDATES = _CLAIM_CHOICE + "SELECT id, org_id FROM chosen"
+
+# JOB_CLAIM_CANDIDATES, fair by tokens.
+JOB_CLAIM_CANDIDATES_BY_TOKENS = _CLAIM_CHOICE_BY_TOKENS + "SELECT id, org_id FROM chosen"
 
 # served by sa_job_pkey (id): the claim of the given jobs (JOB_CLAIM_CANDIDATES' or
 # JOB_CLAIM_CANDIDATES_ORG_CAPPED's), one part of them at a time, guarded as the claims are.

@@ -1,7 +1,8 @@
 """Statements on sa_route_pause and sa_route_window: provider rate limits shared by every worker."""
 
 __all__ = ["ROUTE_PAUSE", "ROUTE_PAUSES_ACTIVE", "ROUTE_PAUSE_SET", "ROUTE_RESUME", "ROUTE_STATES",
-           "ROUTE_WINDOW_ADD_TOKENS", "ROUTE_WINDOW_TAKE"]
+           "ROUTE_WINDOW_ADD_TOKENS", "ROUTE_WINDOW_RESERVE", "ROUTE_WINDOW_SETTLE",
+           "ROUTE_WINDOW_TAKE"]
 
 # served by sa_route_pause_pkey (route). Pauses a route until `seconds` from now, or leaves a
 # later pause as it is (GREATEST): many workers meeting the same 429 agree on one end. Answers
@@ -107,3 +108,47 @@ SELECT r.route,
  ORDER BY r.route
 """
 )
+
+# served by sa_route_window_pkey (route, window_start). ROUTE_WINDOW_TAKE with a token budget:
+# counts one call and reserves its estimate (`tokens`, also held in `reserved` until it settles)
+# when the window has room for both, so a burst of long prompts stops at the limit before it is
+# sent, not after its usage is reported. A window with no tokens yet takes one call however
+# large (else a call larger than the limit would wait for ever). Answers `allowed`, the seconds
+# left and the window the reservation is held in (its settle goes there). Concurrent workers
+# serialize on the window's row, so the limit holds exactly. Earlier windows deleted on the way.
+ROUTE_WINDOW_RESERVE = (
+    """
+WITH w AS (
+    SELECT """
+    + _WINDOW_START
+    + """ AS start
+), old AS (
+    DELETE FROM sa_route_window
+     WHERE route = %(route)s AND window_start < (SELECT start FROM w)
+), taken AS (
+    INSERT INTO sa_route_window AS r (route, window_start, requests, tokens, reserved)
+    SELECT %(route)s, start, 1, %(tokens)s, %(tokens)s FROM w
+    ON CONFLICT (route, window_start) DO UPDATE
+       SET requests = r.requests + 1,
+           tokens = r.tokens + EXCLUDED.tokens,
+           reserved = r.reserved + EXCLUDED.reserved
+     WHERE (%(rpm)s = 0 OR r.requests < %(rpm)s)
+       AND (%(tpm)s = 0 OR r.tokens = 0 OR r.tokens + EXCLUDED.tokens <= %(tpm)s)
+    RETURNING r.requests
+)
+SELECT EXISTS (SELECT 1 FROM taken) AS allowed,
+       (SELECT start FROM w) AS window_start,
+       extract(epoch FROM (SELECT start FROM w) + make_interval(secs => %(window)s) - now())::float8
+           AS seconds_left
+"""
+)
+
+# served by sa_route_window_pkey (route, window_start). Settles a reservation in the window it
+# was made in: its estimate out, the tokens the call reported in (0 for a failed call: the
+# reservation is released). A window already gone (the call outlived it) has nothing to settle.
+ROUTE_WINDOW_SETTLE = """
+UPDATE sa_route_window
+   SET tokens = greatest(0, tokens - %(reserved)s + %(used)s),
+       reserved = greatest(0, reserved - %(reserved)s)
+ WHERE route = %(route)s AND window_start = %(window_start)s
+"""
