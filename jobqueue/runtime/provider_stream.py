@@ -21,6 +21,7 @@ import contextlib
 import http.client
 import io
 import json
+import os
 import select
 import threading
 import time
@@ -94,7 +95,8 @@ class ChunkedBody:
             if len(raw) < end + 2:
                 break
             *more, partial = (partial + raw[head + 2:end]).split(b"\n")
-            lines.extend(more)
+            # NOTE: the blank lines between events say nothing a reader of `data:` lines needs.
+            lines.extend(filter(None, more))
             raw = raw[end + 2:]
         self._raw, self._partial = raw, partial
         if self.ended:
@@ -178,7 +180,7 @@ class StreamedAnswer:
 class _Reading:
     """One body the poller reads, and how its call learns that it ended."""
 
-    __slots__ = ("abandoned", "body", "done", "error", "fd", "handle", "last", "reader")
+    __slots__ = ("abandoned", "body", "direct", "done", "error", "fd", "handle", "last", "reader")
 
     def __init__(self, body: ChunkedBody, reader: DeadlineReader,
                  handle: Callable[[bytes], bool]) -> None:
@@ -190,6 +192,8 @@ class _Reading:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.abandoned = False
+        # NOTE: read from the descriptor itself once http.client's buffer is empty (not TLS).
+        self.direct = False
 
 
 class StreamPoller:
@@ -286,9 +290,13 @@ class StreamPoller:
         try:
             first = True
             while True:
-                data = body.fp.read1(_READ)
+                data = self._recv(reading)
                 if not data:
-                    if reading.reader.blocked or not (first and polled):
+                    if data is None or not (first and polled):
+                        if data is None and not reading.reader.tls:
+                            # PERF: http.client's buffer is empty now: later reads go to the
+                            # socket itself, past four layers of Python reads.
+                            reading.direct = True
                         return
                     body.push(b"")
                     while body.lines:
@@ -305,13 +313,24 @@ class StreamPoller:
                 if body.ended:
                     self._end(reading)
                     return
-                if len(data) < _READ and not reading.reader.tls:
+                if reading.direct and len(data) < _READ:
                     # PERF: the socket is empty (a read that would wait costs an exception);
                     # epoll tells when more comes.
                     return
         except Exception as exc:
             reading.error = exc
             self._end(reading)
+
+    @staticmethod
+    def _recv(reading: _Reading) -> bytes | None:
+        """What arrived, b"" at the connection's end, None when nothing has (yet)."""
+        if reading.direct:
+            try:
+                return os.read(reading.fd, _READ)
+            except BlockingIOError:
+                return None
+        data = reading.body.fp.read1(_READ)
+        return None if not data and reading.reader.blocked else data
 
     def _expire(self, now: float) -> None:
         for reading in list(self._readings.values()):
