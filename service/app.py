@@ -39,7 +39,7 @@ from service.resources.events import MissionEvents
 from service.resources.health import Health, Ready
 from service.resources.jobs import JobItem
 from service.resources.metrics import Metrics
-from service.resources.mission import MissionPrompts, MissionRecent
+from service.resources.mission import MissionFeeds
 from service.resources.ops import OpsCancel, OpsOverview, OpsRetry
 from service.resources.ops_console import (
     OpsActions,
@@ -219,8 +219,9 @@ def create_app(
     app.add_route(f"{API_PREFIX}/responses/{{response_id:uuid}}", ResponseItem(pool))
     app.add_route(f"{API_PREFIX}/prompts/{{prompt_id:uuid}}/retry",
                   PromptRetry(pool, settings.org_max_queued, settings.budgets))
-    app.add_route(f"{API_PREFIX}/mission/recent", MissionRecent(pool, hub, settings))
-    app.add_route(f"{API_PREFIX}/mission/prompts", MissionPrompts(pool, hub, settings))
+    feeds = MissionFeeds(pool, hub, settings)
+    app.add_route(f"{API_PREFIX}/mission/recent", feeds)
+    app.add_route(f"{API_PREFIX}/mission/prompts", feeds, suffix="prompts")
     app.add_route(f"{API_PREFIX}/mission/events",
                   MissionEvents(pool, hub, keepalive=settings.sse_keepalive,
                                 replay_limit=settings.sse_replay_limit,

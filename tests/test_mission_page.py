@@ -25,9 +25,7 @@ from typing import Any
 import httpx
 import pytest
 from psycopg_pool import ConnectionPool
-from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -38,7 +36,9 @@ from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
-from tests.helpers import REPO, fetch_one, free_port, require_tool
+from tests.axe import serious_violations
+from tests.browser import chromium
+from tests.helpers import REPO, fetch_one, free_port
 from tests.processes import gunicorn, run_process
 
 # NOTE: the whole module on one xdist worker (make test's --dist loadgroup), so its
@@ -46,7 +46,6 @@ from tests.processes import gunicorn, run_process
 pytestmark = pytest.mark.xdist_group("mission_page")
 
 API = "/sa-core/v1"
-BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
 
 WAIT = 30.0
 """Seconds any page state is waited for; the page is polled every 50 ms, never slept on."""
@@ -100,20 +99,8 @@ def worker(mission_settings: Settings, fake: FakeProvider) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    """Debian's Chromium through Debian's chromedriver, never a browser Selenium would download."""
-    chromium = require_tool("chromium", install=BROWSER_PACKAGES)
-    chromedriver = require_tool("chromedriver", install=BROWSER_PACKAGES)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-                 "--window-size=1280,900",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
-    yield driver
-    driver.quit()
+    with chromium(tmp_path_factory.mktemp("chromium")) as driver:
+        yield driver
 
 
 @pytest.fixture
@@ -505,7 +492,17 @@ def test_a_queued_prompt_says_why_it_waits_with_a_countdown_that_moves(
     until(page, lambda d: d.execute_script(why, later) != start, timeout=5)
     moved = int(re.findall(r"\d+", page.execute_script(why, later))[0])
     assert moved < int(re.findall(r"\d+", start)[0])
-    assert page.execute_script(why, after) == "waits for an earlier prompt to succeed"
+    assert page.execute_script(why, after) == f"waits for “{later}” to succeed"
+    # NOTE: as a 429 leaves a job: queued again, its attempt kept, until the route's pause ends.
+    throttled = f"throttled {uuid.uuid4().hex[:6]}"
+    put_back = viewer.submit(throttled, delay_seconds=45)
+    with mission_pool.connection() as conn:
+        conn.execute("UPDATE sa_job SET error_kind = 'rate_limit', error_message = 'provider "
+                     "answered 429' WHERE id = %s", (put_back["job_id"],))
+    page.refresh()
+    assert re.fullmatch(r"route throttled, resumes in \d+ s",
+                        until(page, lambda d: d.execute_script(why, throttled)))
+    viewer.cancel(put_back["job_id"])
     viewer.cancel(first["job_id"])
 
 
@@ -822,3 +819,63 @@ def test_a_reopened_page_loads_the_present_not_the_history_and_applies_events_as
     for n in range(55, 60):
         assert drop_in(page, f"later {n}", "succeeded")["response"] == f"echo[1]: user:later {n}"
     assert reads(page, "/mission/recent") == 0
+
+
+def test_axe_finds_no_serious_violation_on_the_page_in_its_main_states(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    page.get(f"{web}/mission")
+    until(page, lambda d: _visible(d, "token"))
+    assert serious_violations(page) == [], "sign-in"
+    viewer = Viewer(mission_pool, web)
+    viewer.submit("waits for later", delay_seconds=3600)
+    viewer.submit("fails [fake:400]")
+    viewer.submit("answers with code\n\n```\nprint(1)\n```")
+    viewer.sign_in(page)
+    drop_in(page, "fails [fake:400]", "failed")
+    until(page, lambda d: (x := drop(d, "answers with code\n\n```\nprint(1)\n```"))
+          and x["state"] == "succeeded")
+    assert serious_violations(page) == [], "drops queued, failed and succeeded"
+    until(page, lambda d: d.find_element(By.CSS_SELECTOR, "#field .drop.is-orphan a.details").click()
+          or True)
+    until(page, lambda d: d.execute_script(_ATTEMPTS))
+    assert serious_violations(page) == [], "a prompt's details"
+    page.find_element(By.ID, "detail-close").click()
+    click(page, "fails [fake:400]", "Retry")
+    with phone_width(page):
+        assert serious_violations(page) == [], "at 390 px"
+
+
+_ATTEMPTS = """
+return [...document.querySelectorAll('#detail-body .detail-attempts tbody tr')]
+  .map((tr) => [...tr.children].slice(0, 8).map((td) => td.textContent));
+"""
+
+
+def test_a_prompts_details_show_every_attempt_and_have_an_address_of_their_own(
+    page: WebDriver, web: str, mission_pool: ConnectionPool[DictConnection],
+) -> None:
+    viewer = Viewer(mission_pool, web)
+    viewer.sign_in(page)
+    text = f"flaky once {uuid.uuid4().hex[:6]} [fake:flaky=1]"
+    prompt_id = viewer.submit(text, options={"temperature": 0.5})["prompt_id"]
+    drop_in(page, text, "succeeded")
+    # NOTE: an event may draw the drop anew between finding its link and clicking it.
+    until(page, lambda d: d.find_element(
+        By.CSS_SELECTOR, f'#field .drop[data-prompt-id="{prompt_id}"] a.details').click() or True)
+    # NOTE: the model the worker called (its SA_PROVIDER_MODEL), as the ledger has it.
+    model = fetch_one(mission_pool, "SELECT model FROM sa_ledger l JOIN sa_job j ON j.id = l.job_id "
+                                    "WHERE j.prompt_id = %s LIMIT 1", prompt_id)["model"]
+    expected = [["1", "provider_5xx", "retried", model, "default", "503"],
+                ["2", "succeeded", "", model, "default", "200"]]
+    rows = until(page, lambda d: (r := d.execute_script(_ATTEMPTS)) and len(r) == 2 and r)
+    assert [row[:6] for row in rows] == expected
+    assert rows[1][7] == f"{len(text.split())} in, {len(text.split()) + 1} out"
+    assert "temperature: 0.5" in page.find_element(By.ID, "detail-body").text
+    assert page.current_url.endswith(f"#prompt={prompt_id}")
+    page.refresh()
+    rows = until(page, lambda d: (r := d.execute_script(_ATTEMPTS)) and len(r) == 2 and r)
+    assert [row[:6] for row in rows] == expected
+    page.find_element(By.ID, "detail-close").click()
+    assert not page.find_element(By.ID, "detail").is_displayed()
+    assert "#prompt=" not in page.current_url

@@ -16,9 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from psycopg_pool import ConnectionPool
-from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
@@ -27,14 +25,15 @@ from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token
 from jobqueue.devtools.embedded_db import scratch_database
-from tests.helpers import fetch_one, require_tool
+from tests.axe import serious_violations
+from tests.browser import chromium
+from tests.helpers import fetch_one
 from tests.processes import gunicorn
 
 pytestmark = pytest.mark.xdist_group("ops_console_page")
 
 API = "/sa-core/v1"
-BROWSER_PACKAGES = "apt-get install chromium chromium-driver"
-WAIT = 20.0
+WAIT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -60,18 +59,8 @@ def web(ops_settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Ite
 
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    chromium = require_tool("chromium", install=BROWSER_PACKAGES)
-    chromedriver = require_tool("chromedriver", install=BROWSER_PACKAGES)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--disable-dev-shm-usage", "--window-size=1280,900",
-                 f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(executable_path=chromedriver))
-    yield driver
-    driver.quit()
+    with chromium(tmp_path_factory.mktemp("chromium")) as driver:
+        yield driver
 
 
 @pytest.fixture
@@ -153,6 +142,9 @@ def test_pause_and_resume_a_route_from_the_console(
 def test_an_ops_read_token_sees_the_console_without_its_actions(
     page: WebDriver, web: str, ops_pool: ConnectionPool[DictConnection],
 ) -> None:
+    user = {"Authorization": f"Bearer {issue_token(ops_pool, 9, 1).token}"}
+    assert httpx.post(f"{web}{API}/prompt", headers=user, timeout=10,
+                      json={"text": "to look at", "delay_seconds": 3600}).status_code == 202
     sign_in(page, web, issue_token(ops_pool, 9, 92, scopes=("ops:read",)).token)
     until(page, lambda d: visible(d, "readonly-note") and d.find_elements(By.XPATH,
           "//span[@class='route-state']"))
@@ -161,3 +153,22 @@ def test_an_ops_read_token_sees_the_console_without_its_actions(
         assert not visible(page, element_id)
     assert not any(b.is_displayed() for b in page.find_elements(By.XPATH, "//table//button"))
     assert not any(b.is_displayed() for b in page.find_elements(By.XPATH, "//table//input"))
+
+
+def test_axe_finds_no_serious_violation_on_the_console_in_its_main_states(
+    page: WebDriver, web: str, ops_pool: ConnectionPool[DictConnection],
+) -> None:
+    page.get(f"{web}/mission/ops")
+    until(page, lambda d: (n := d.find_element(By.ID, "token")).is_displayed() and n)
+    assert serious_violations(page) == [], "sign-in"
+    user = {"Authorization": f"Bearer {issue_token(ops_pool, 9, 1).token}"}
+    job = httpx.post(f"{web}{API}/prompt", headers=user, timeout=10,
+                     json={"text": "for the checker", "delay_seconds": 3600}).json()["job_id"]
+    sign_in(page, web, issue_token(ops_pool, 9, 93, scopes=("ops",)).token)
+    links = "//table[@id='jobs']//a[@data-job-id]"
+    until(page, lambda d: d.find_elements(By.XPATH, f"{links}[@data-job-id='{job}']")
+          and d.find_elements(By.CSS_SELECTOR, "#chart-jobs svg"))
+    assert serious_violations(page) == [], "explorer, panels and charts"
+    page.find_element(By.XPATH, f"{links}[@data-job-id='{job}']").click()
+    until(page, lambda d: visible(d, "job") and "(created)" in text_of(d, "job-transitions"))
+    assert serious_violations(page) == [], "a job's history"

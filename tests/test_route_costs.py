@@ -23,6 +23,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
 from jobqueue.runtime.retention import Retention
 from service.app import create_app
+from service.events.hub import EventHub
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, plan_nodes, submit
 from tests.metrics_page import scrape, value
 
@@ -180,10 +181,11 @@ def test_a_route_that_does_not_serve_the_model_is_a_422_naming_the_known_ones(
 @pytest.mark.parametrize("org_max_running", [0, 4], ids=["claim", "org_capped_claim"])
 def test_an_org_past_its_daily_budget_is_refused_and_its_queue_waits(
         settings: Settings, pool: ConnectionPool[DictConnection], auth: dict[str, str],
-        other_org_auth: dict[str, str], org_max_running: int) -> None:
+        other_org_auth: dict[str, str], org_max_running: int, hub: EventHub) -> None:
     # NOTE: one call of a few tokens at BACKUP prices costs about USD 0.00005.
     budgeted = replace(settings, org_budget_daily=0.00001, org_max_running=org_max_running)
-    client = falcon.testing.TestClient(create_app(budgeted, pool))
+    # NOTE: the hub fixture's, stopped after the test: the chat route starts the app's hub.
+    client = falcon.testing.TestClient(create_app(budgeted, pool, hub=hub))
     spent = submit(client, auth, text="first", options={"model": "m-priced"})
     held = submit(client, auth, text="second", options={"model": "m-priced"})
     harness = WorkerHarness(budgeted, pool)
@@ -224,11 +226,12 @@ def test_an_org_past_its_daily_budget_is_refused_and_its_queue_waits(
 
 
 def test_a_keyed_repeat_past_the_budget_is_replayed_and_only_new_work_refused(
-        settings: Settings, pool: ConnectionPool[DictConnection], auth: dict[str, str]) -> None:
+        settings: Settings, pool: ConnectionPool[DictConnection], auth: dict[str, str],
+        hub: EventHub) -> None:
     # NOTE: one call of a few tokens at BACKUP prices costs about USD 0.00005: the first run
     # spends the budget. The chat hold is short, so its first answer is 409 job_in_progress.
     budgeted = replace(settings, org_budget_daily=0.00001, openai_max_wait=0.1)
-    client = falcon.testing.TestClient(create_app(budgeted, pool))
+    client = falcon.testing.TestClient(create_app(budgeted, pool, hub=hub))
     prompt = {"text": "first", "options": {"model": "m-priced"}}
     batch = {"prompts": [{"text": "one", "options": {"model": "m-priced"}},
                          {"text": "two", "options": {"model": "m-priced"}}]}

@@ -33,9 +33,13 @@ def test_jobs_and_prompts_show_the_tokens_of_each_attempt(
 
     job = wait_for(finished)
     # NOTE: no prices configured: the cost is unknown (null), never a made-up zero.
-    assert job["usage"] == [
-        {"attempt": 1, "tokens_in": None, "tokens_out": None, "route": "default", "cost": None},
-        {"attempt": 2, "tokens_in": 4, "tokens_out": 5, "route": "default", "cost": None}]
+    assert [{k: u[k] for k in ("attempt", "tokens_in", "tokens_out", "route", "cost", "outcome",
+                                "model", "http_status")} for u in job["usage"]] == [
+        {"attempt": 1, "tokens_in": None, "tokens_out": None, "route": "default", "cost": None,
+         "outcome": "provider_5xx", "model": "fake-model", "http_status": 503},
+        {"attempt": 2, "tokens_in": 4, "tokens_out": 5, "route": "default", "cost": None,
+         "outcome": "succeeded", "model": "fake-model", "http_status": 200}]
+    assert all(u["latency_ms"] >= 0 and u["at"] for u in job["usage"])
     prompt = client.simulate_get(f"{API}/prompts/{done['prompt_id']}", headers=auth).json
     assert prompt["jobs"][0]["usage"] == job["usage"]
 

@@ -225,19 +225,27 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                     "it has produced so far (rewritten every SA_STREAM_INTERVAL); null otherwise. "
                     "Never a response: only a succeeded attempt's text becomes one. On GET."}),
                 "usage": {
-                    "type": "array", "description": "Tokens of each attempt that called the "
-                    "provider, oldest first (null where the provider reported none), the model "
-                    "route that served it and its cost in USD at that route's configured "
-                    "`prices` (null: no price, or no tokens reported); on GET.",
+                    "type": "array", "description": "Each attempt that called the provider, "
+                    "oldest first: its outcome, model, HTTP status, latency and when it ended, its "
+                    "tokens (null where the provider reported none), the model route that served "
+                    "it and its cost in USD at that route's configured `prices` (null: no price, "
+                    "or no tokens reported); on GET.",
                     "items": {"type": "object", "required": ["attempt", "tokens_in", "tokens_out",
-                                                             "route", "cost"],
+                                                             "route", "cost", "outcome", "model",
+                                                             "http_status", "latency_ms", "at"],
                               "additionalProperties": False,
                               "properties": {"attempt": {"type": "integer", "minimum": 1},
                                              "tokens_in": _nullable({"type": "integer"}),
                                              "tokens_out": _nullable({"type": "integer"}),
                                              "route": _nullable({"type": "string"}),
                                              "cost": _nullable({"type": "number",
-                                                                "minimum": 0})}}},
+                                                                "minimum": 0}),
+                                             "outcome": {"type": "string", "description":
+                                                         "`succeeded`, or the error kind"},
+                                             "model": {"type": "string"},
+                                             "http_status": _nullable({"type": "integer"}),
+                                             "latency_ms": {"type": "integer"},
+                                             "at": _TIME}}},
                 "after_job_id": _nullable(_UUID),
                 "waiting": {"type": "boolean", "description": "True while the job waits for "
                             "its predecessor (`after_job_id`) to succeed: queued, but not "

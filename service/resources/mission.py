@@ -20,14 +20,16 @@ from service.parsers import (
 )
 from service.snapshot import latest_prompts
 
-__all__ = ["MissionPrompts", "MissionRecent"]
+__all__ = ["MissionFeeds"]
 
 HUB_WAIT_SECONDS = 2.0
 """How long a poll waits for a hub that is starting; past it the page is empty and continues."""
 
 
-class MissionRecent:
-    """The viewer's prompts that changed, a page at a time; pass `next_cursor` back as `cursor`."""
+class MissionFeeds:
+    """The viewer's prompts: those that changed, a page at a time (pass `next_cursor` back as
+    `cursor`), and, on the `prompts` suffix, the latest ones as of `event_id` (pass
+    `next_before` back as `before` for older ones)."""
 
     def __init__(self, pool: ConnectionPool[DictConnection], hub: EventHub,
                  settings: Settings) -> None:
@@ -47,19 +49,7 @@ class MissionRecent:
             text_chars=self._text_chars, max_bytes=self._max_bytes, org_wide=org_wide)
         resp.media = {**page, "next_cursor": encode_cursor(page["next_cursor"])}
 
-
-class MissionPrompts:
-    """The viewer's prompts, latest activity first, as of `event_id`; pass `next_before` back as
-    `before` for older ones."""
-
-    def __init__(self, pool: ConnectionPool[DictConnection], hub: EventHub,
-                 settings: Settings) -> None:
-        self._pool = pool
-        self._hub = hub
-        self._text_chars = settings.feed_text_max_chars
-        self._max_bytes = settings.page_max_bytes
-
-    def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
+    def on_get_prompts(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Answers `{as_of, event_id, cursor, items, next_before, has_more}`."""
         before = parse_cursor(req.get_param("before"), "before")
         limit = parse_limit(req, SNAPSHOT_LIMIT)

@@ -11,6 +11,7 @@ import { $, API, announce, api, el, setConnection, setupSession } from "./api.js
 import { countLater, setupFilters, shows } from "./filters.js";
 import { setServerClock, tell, waitsFor } from "./status.js";
 import { answerNode, collapsible, short } from "./text.js";
+import { detailView } from "./details.js";
 import { threadView } from "./thread.js";
 
 const POLL_MS = 2000;
@@ -29,6 +30,7 @@ const opened = new Set();  // long texts the viewer expanded ("prompt:<id>", "an
 const partials = new Map(); // job_id -> {attempt, text}: a streamed attempt's text so far
 const catching = new Set(); // jobs whose partial_text is being read
 const thread = threadView({ itemOf, childrenOf, drops, stateClass: STATE_CLASS });
+const details = detailView({ drops });
 let cursor = null;
 let lastEventId = null;
 let olderBefore = null;
@@ -76,8 +78,11 @@ function renderDrop(item) {
     actions.append(el("button", { type: "button", class: "thread-open quiet", text: "Thread",
       "aria-label": `Thread of “${short(item.text, 30)}”`, onclick: () => thread.show(item.prompt_id) }));
   }
+  actions.append(el("a", { class: "details", href: `#prompt=${item.prompt_id}`, text: "Details",
+    "aria-label": `Details of “${short(item.text, 30)}”` }));
   // NOTE: a running attempt shows no error: the one kept in the item belongs to an earlier attempt.
-  const why = item.state === "queued" ? waitsFor(item) : null;
+  const why = item.state === "queued"
+    ? waitsFor(item, (jobId) => [...items.values()].find((i) => i.job_id === jobId)) : null;
   const error = item.error_kind && item.state !== "succeeded" && item.state !== "running"
     ? el("p", { class: "error-text" }, el("strong", { text: item.error_kind }),
       item.error_message ? `: ${item.error_message}` : "")
@@ -142,7 +147,10 @@ function merge(item) {
   renderDrop(items.get(item.prompt_id));
   const parent = item.parent_id && itemOf(item.parent_id);
   if (parent) renderDrop(parent);
-  if (before && before.state !== item.state) tell(items.get(item.prompt_id));
+  if (before && before.state !== item.state) {
+    tell(items.get(item.prompt_id));
+    details.refresh(item.prompt_id);
+  }
   thread.refresh();
 }
 
@@ -203,6 +211,20 @@ function applyEvent(event) {
   if (event.error_kind || item.max_attempts === undefined) sync().catch(failed);
 }
 
+// The fields an event sets. NOTE: a page read before an event arrived may land after it; the
+// event's newer state stays, and the page adds only what events do not carry.
+const EVENT_FIELDS = ["job_id", "state", "attempt", "error_kind", "updated_at", "response_id",
+  "response_text", "response_truncated"];
+
+function mergeRead(item) {
+  const known = items.get(item.prompt_id);
+  if (known && known.updated_at && Date.parse(known.updated_at) > Date.parse(item.updated_at)) {
+    merge({ ...item, ...Object.fromEntries(EVENT_FIELDS.map((name) => [name, known[name]])) });
+    return;
+  }
+  merge(item);
+}
+
 // ---- first load: the snapshot, then older pages on request ---------------------------------------
 
 async function loadSnapshot() {
@@ -254,7 +276,7 @@ async function sync() {
         if (cursor) query.set("cursor", cursor);
         const page = await api("GET", `/mission/recent?${query}`);
         setServerClock(page.as_of);
-        for (const item of page.items) merge(item);
+        for (const item of page.items) mergeRead(item);
         cursor = page.next_cursor;
         more = page.has_more;
       }
@@ -434,6 +456,7 @@ async function begin() {
   }
   openStream();
   watchServer();
+  details.fromAddress();
 }
 
 setupFilters(() => {
@@ -446,7 +469,9 @@ $("text").addEventListener("keydown", (event) => {
 $("parent-clear").addEventListener("click", clearParent);
 $("older").addEventListener("click", loadOlder);
 $("thread-close").addEventListener("click", () => thread.close());
+$("detail-close").addEventListener("click", () => details.close());
+window.addEventListener("hashchange", () => details.fromAddress());
 document.addEventListener("keydown", (event) => {
-  if (event.key === "Escape") thread.close();
+  if (event.key === "Escape") { thread.close(); details.close(); }
 });
 setupSession(begin);

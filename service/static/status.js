@@ -13,11 +13,18 @@ export function setServerClock(asOf) {
   skewMs = Date.parse(asOf) - Date.now();
 }
 
-export function waitsFor(item) {
-  if (item.waiting) return el("span", { class: "why", text: "waits for an earlier prompt to succeed" });
+// `itemOfJob` finds the page's item whose latest job is the one given (undefined: not shown).
+export function waitsFor(item, itemOfJob) {
+  if (item.waiting) {
+    const before = item.after_job_id && itemOfJob(item.after_job_id);
+    return el("span", { class: "why", text: before
+      ? `waits for “${short(before.text, 30)}” to succeed` : "waits for an earlier prompt to succeed" });
+  }
   const due = Date.parse(item.scheduled_for);
   if (!(due > Date.now() + skewMs + 1000)) return null;
-  const label = item.error_kind ? "retrying in" : "starts in";
+  // NOTE: a 429 puts the job back, its attempt kept, until the route's pause ends.
+  const label = item.error_kind === "rate_limit" ? "route throttled, resumes in"
+    : item.error_kind ? "retrying in" : "starts in";
   return el("span", { class: "why due", "data-due": String(due), "data-label": label,
                       text: dueText(label, due) });
 }

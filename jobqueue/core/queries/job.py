@@ -213,14 +213,18 @@ UPDATE sa_job
 RETURNING id, prompt_id, org_id, attempt
 """
 
-# NOTE: the tokens of each attempt that called the provider, oldest first, and a running streamed
+# NOTE: each attempt that called the provider (its outcome, model, route, status, latency, tokens
+# and cost), oldest first, and a running streamed
 # attempt's text so far; a GET shows them with the job. Served by sa_ledger_job_idx (job_id) and
 # sa_job_delta_job_idx (job_id, attempt, offset), one range each per job: the running attempt's
 # rows, each starting where the previous ended, in order.
 _READ_COLUMNS = """
 , coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', l.attempt, 'tokens_in', l.tokens_in,
                                                 'tokens_out', l.tokens_out, 'route', l.route,
-                                                'cost', l.cost) ORDER BY l.id)
+                                                'cost', l.cost, 'outcome', l.outcome,
+                                                'model', l.model, 'http_status', l.http_status,
+                                                'latency_ms', l.latency_ms, 'at', l.created_at)
+                             ORDER BY l.id)
               FROM sa_ledger l
              WHERE l.job_id = sa_job.id), '[]'::jsonb) AS usage,
 (SELECT string_agg(p.text, '' ORDER BY p."offset") FROM sa_job_delta p
