@@ -57,9 +57,12 @@ def spawn(args: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_slow_provider(latency: float) -> tuple[subprocess.Popen[str], str]:
-    """Starts bench/slow_provider.py; returns it and its base URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "bench.slow_provider", "--latency", str(latency)],
+def start_slow_provider(latency: float, stream: int = 0,
+                        chunk_chars: int = 0) -> tuple[subprocess.Popen[str], str]:
+    """Starts bench/slow_provider.py (streaming `stream` chunks per answer asked for as a
+    stream, each padded with `chunk_chars` characters); returns it and its base URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench.slow_provider", "--latency", str(latency),
+                             "--stream", str(stream), "--chunk-chars", str(chunk_chars)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()

@@ -1,7 +1,7 @@
 """LLM-shaped load: one worker process holding many provider calls that each take a second.
 
 Usage: .venv/bin/python -m bench.llm_shaped [--inflight 64,256,1024,2048] [--seconds 8]
-       [--latency 1.0] [--only sa-core,sa-core-threads,pgqueuer,oban]
+       [--latency 1.0] [--stream 0] [--only sa-core,sa-core-threads,pgqueuer,oban]
 
 One provider (bench/slow_provider.py: raw asyncio, answers every call after `--latency`
 seconds) serves every run. For each in-flight count C, each contender gets a fresh database
@@ -14,6 +14,11 @@ runners and cached virtual environments, `llm` mode). Printed per run: jobs/s, j
 fraction of the ideal C / latency, the worker's CPU per job and peak RSS, and jobs/s against
 sa-core's at the same C. sa-core's CPU and RSS are its worker process's alone; a peer runs
 worker and enqueuer in one process, so its figures cover the burn-down part of that process.
+
+`--latency S` is how long each call takes; `--stream N` (sa-core only) makes the provider stream
+each answer as N chunks spread over those S seconds and the worker's route ask for streamed
+answers, so every job writes its text while it arrives (SA_STREAM_INTERVAL): the cost of
+streaming is the CPU per job against a run without `--stream`.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ def run(rows: list[Contender], counts: list[int], url: str, args: argparse.Names
                 table.append([str(inflight), contender.name, str(jobs), "-", contender.error[:60],
                               "", "", ""])
                 continue
-            runner = dataclasses.replace(contender, extra=(*contender.extra, "--provider-url", url))
+            stream = ("--stream",) if args.stream else ()
+            runner = dataclasses.replace(contender, extra=(*contender.extra, "--provider-url", url,
+                                                           *stream))
             run_args = argparse.Namespace(concurrency=inflight, timeout=args.timeout, pickup_budget=0)
             print(f"[load {os.getloadavg()[0]:.1f}] {contender.name} at {inflight} in flight, "
                   f"{jobs} jobs ...", file=sys.stderr, flush=True)
@@ -80,7 +87,9 @@ def main() -> None:
     parser.add_argument("--inflight", default="64,256,1024,2048")
     parser.add_argument("--seconds", type=float, default=8.0,
                         help="jobs per run = in flight x seconds / latency (at least 512)")
-    parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--latency", type=float, default=1.0, help="seconds each call takes")
+    parser.add_argument("--stream", type=int, default=0,
+                        help="chunks per streamed answer (sa-core only; 0: answers are not streamed)")
     parser.add_argument("--only", default=",".join(CONTENDERS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child run")
     parser.add_argument("--reinstall", action="store_true", help="rebuild the cached venvs")
@@ -89,15 +98,18 @@ def main() -> None:
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     known = {c.name: c for c in [*contenders(), THREADS] if c.name in CONTENDERS}
     rows = [known[name.strip()] for name in args.only.split(",") if name.strip()]
+    if args.stream and any(not row.name.startswith("sa-core") for row in rows):
+        parser.error("--stream measures sa-core only (--only sa-core,sa-core-threads)")
     prepare(rows, args.reinstall)
     counts = [int(n) for n in args.inflight.split(",")]
-    provider, url = start_slow_provider(args.latency)
+    provider, url = start_slow_provider(args.latency, args.stream)
     try:
         header = machine_header(admin_conninfo("SA_BENCH_DATABASE_URL"))
         header += [f"{c.name}: " + ", ".join(f"{k} {v}" for k, v in c.versions.items())
                    for c in rows if c.versions]
-        header.append(f"provider: bench/slow_provider.py answering after {args.latency:g} s; "
-                      f"one worker process per run")
+        streamed = f", streamed as {args.stream} chunks" if args.stream else ""
+        header.append(f"provider: bench/slow_provider.py answering after {args.latency:g} s"
+                      f"{streamed}; one worker process per run")
         print("\n".join(header) + "\n", flush=True)
         table = run(rows, counts, url, args)
     finally:

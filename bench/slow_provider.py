@@ -1,12 +1,20 @@
 """An OpenAI-shaped provider that answers every call after a fixed delay, holding thousands at once.
 
-Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0]
+Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0] [--stream 0]
+       [--chunk-chars 0]
 
 A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
 2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
 then measures the worker, not this server. Keep-alive HTTP/1.1, Content-Length bodies only. It
 prints `listening on PORT` once it is ready and reports calls answered (and connections) on
 SIGTERM.
+
+With `--stream N`, a call that asks for a streamed answer (`"stream": true` in its body) gets
+OpenAI's server-sent chunks (chunked transfer, keep-alive): the headers at once, then N chunks
+spread evenly over `latency` (the i-th at latency x i / N), the last followed by the
+`finish_reason` chunk and `data: [DONE]`. Each chunk's text is `<T>`, T the provider's
+`time.time()` when it wrote the chunk, so a viewer of the deltas (bench/stream_viewers.py) can
+tell how long each chunk took to reach it (same host, same clock).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ import asyncio
 import json
 import signal
 import sys
+import time
 
 __all__ = ["ProviderProtocol", "main", "serve"]
 
@@ -27,6 +36,18 @@ _ANSWER = json.dumps({
 }).encode()
 _RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: keep-alive\r\n"
              b"Content-Length: %d\r\n\r\n%s" % (len(_ANSWER), _ANSWER))
+_STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n")
+_CHUNK = ('{"id":"chatcmpl-bench","object":"chat.completion.chunk","model":"bench-model",'
+          '"choices":[{"index":0,"delta":{"content":"%s<%.6f>"},"finish_reason":null}]}')
+_LAST = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","model":"bench-model",'
+         b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
+         b'"usage":{"prompt_tokens":12,"completion_tokens":20,"total_tokens":32}}\n\n'
+         b"data: [DONE]\n\n")
+
+
+def _chunked(event: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(event), event)
 
 
 class ProviderProtocol(asyncio.Protocol):
@@ -35,8 +56,10 @@ class ProviderProtocol(asyncio.Protocol):
     answered = 0
     connections = 0
 
-    def __init__(self, latency: float) -> None:
+    def __init__(self, latency: float, stream: int = 0, padding: str = "") -> None:
         self._latency = latency
+        self._stream = stream
+        self._padding = padding
         self._buffer = b""
         self._transport: asyncio.Transport | None = None
 
@@ -59,8 +82,27 @@ class ProviderProtocol(asyncio.Protocol):
             end = head_end + 4 + length
             if len(self._buffer) < end:
                 return
+            body = self._buffer[head_end + 4:end]
             self._buffer = self._buffer[end:]
-            asyncio.get_running_loop().call_later(self._latency, self._answer)
+            loop = asyncio.get_running_loop()
+            if self._stream and b'"stream":true' in body.replace(b" ", b""):
+                assert self._transport is not None
+                self._transport.write(_STREAM_HEAD)
+                loop.call_later(self._latency / self._stream, self._chunk, 1)
+            else:
+                loop.call_later(self._latency, self._answer)
+
+    def _chunk(self, n: int) -> None:
+        """Writes the n-th of the streamed answer's chunks (and the end after the last)."""
+        if self._transport is None or self._transport.is_closing():
+            return
+        event = b"data: " + (_CHUNK % (self._padding, time.time())).encode() + b"\n\n"
+        if n < self._stream:
+            self._transport.write(_chunked(event))
+            asyncio.get_running_loop().call_later(self._latency / self._stream, self._chunk, n + 1)
+            return
+        self._transport.write(_chunked(event + _LAST) + b"0\r\n\r\n")
+        ProviderProtocol.answered += 1
 
     def _answer(self) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -71,11 +113,12 @@ class ProviderProtocol(asyncio.Protocol):
         self._transport = None
 
 
-async def serve(port: int, latency: float) -> None:
-    """Serves until SIGTERM or SIGINT."""
+async def serve(port: int, latency: float, stream: int = 0, chunk_chars: int = 0) -> None:
+    """Serves until SIGTERM or SIGINT; `stream` > 0 streams answers asked for as a stream."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: ProviderProtocol(latency), "127.0.0.1", port,
-                                      backlog=4096)
+    padding = "." * chunk_chars
+    server = await loop.create_server(lambda: ProviderProtocol(latency, stream, padding),
+                                      "127.0.0.1", port, backlog=4096)
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -91,8 +134,12 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--latency", type=float, default=1.0)
+    parser.add_argument("--stream", type=int, default=0,
+                        help="chunks per streamed answer (0: every answer is one JSON body)")
+    parser.add_argument("--chunk-chars", type=int, default=0,
+                        help="characters of padding in each streamed chunk")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.latency))
+    asyncio.run(serve(args.port, args.latency, args.stream, args.chunk_chars))
 
 
 if __name__ == "__main__":

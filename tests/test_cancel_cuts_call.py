@@ -216,7 +216,7 @@ def test_a_cancel_closes_a_streamed_call_between_its_chunks(
         worker = harness.start(concurrency=1)
         job_id, held = _hold(client, auth, holding, pool)
         assert held.streamed
-        wait_for(lambda: fetch_one(pool, "SELECT count(*) AS n FROM sa_job_partial "
+        wait_for(lambda: fetch_one(pool, "SELECT count(*) AS n FROM sa_job_delta "
                                          "WHERE job_id = %s", job_id)["n"] == 1)
 
         assert client.simulate_post(f"{API}/jobs/{job_id}/cancel", headers=auth).status_code == 200

@@ -278,8 +278,9 @@ def test_a_delta_carries_at_most_the_text_bound_and_its_offset_shows_the_rest(
                      (done["job_id"],))
     wait_for(lambda: stream.states(done["job_id"]) == ["queued", "running"])
     with pool.connection() as conn:
-        conn.execute(partial_q.JOB_PARTIAL_APPEND_IF_CLAIMED, {
-            "job_id": done["job_id"], "claim": "w1", "attempt": 1, "text": "t" * 50_000})
+        conn.execute(partial_q.JOB_DELTA_APPEND_MANY_IF_CLAIMED, {
+            "job_id": [uuid.UUID(done["job_id"])], "claim": ["w1"], "attempt": [1], "offset": [0],
+            "text": ["t" * 50_000]})
     wait_for(lambda: stream.deltas)
     assert [(d["offset"], len(d["text"])) for d in stream.deltas] == [(50_000 - chars, chars)]
     job = client.simulate_get(f"{API}/jobs/{done['job_id']}", headers=auth).json

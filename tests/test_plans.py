@@ -25,6 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from jobqueue.core.console import JobFilter
 from jobqueue.core.db import DictConnection
+from jobqueue.core.queries import answer as answer_q
 from jobqueue.core.queries import chain as chain_q
 from jobqueue.core.queries import claim as claim_q
 from jobqueue.core.queries import console as console_q
@@ -149,11 +150,22 @@ HOT_PATH = [
                   "stale_after": 300.0, "stuck_after": 900.0}, prepared=False),
     HotStatement("metrics_queue_depth", metrics_q.JOB_QUEUE_DEPTH, {}, job_q.JOB_PLAN_SETTINGS,
                  reads_backlog=True),
-    # NOTE: a streamed attempt's write, once per SA_STREAM_INTERVAL per job, and the route gate's
-    # reads and writes (jobqueue/runtime/gate.py, jobqueue/runtime/streaming.py).
-    HotStatement("partial_append", partial_q.JOB_PARTIAL_APPEND_IF_CLAIMED,
-                 {"job_id": _IDS[0], "claim": "w1", "attempt": 1, "text": "so far"}),
-    HotStatement("partial_changed", partial_q.JOB_PARTIAL_LIST_CHANGED, {"after": 0}),
+    # NOTE: a worker's write of its streaming jobs' new text, once per SA_STREAM_INTERVAL; an SSE
+    # hub's look at what was written since its last (and its read of ranges it skipped); a GET of
+    # a job assembling its text so far; the maintenance leader's sweep, which reads every row of
+    # sa_job_delta (the running attempts' text) but probes sa_job by id; and the route gate's
+    # reads and writes (jobqueue/runtime/streaming.py, service/events/deltas.py, gate.py).
+    HotStatement("delta_append", partial_q.JOB_DELTA_APPEND_MANY_IF_CLAIMED,
+                 {"job_id": _IDS, "claim": ["w1"] * 3, "attempt": [1] * 3, "offset": [0, 5, 9],
+                  "text": ["so far"] * 3}, prepared=False),
+    HotStatement("delta_after", partial_q.JOB_DELTA_LIST_AFTER,
+                 {"after": 0, "limit": 2000, "tail": 16384}),
+    HotStatement("delta_ranges", partial_q.JOB_DELTA_LIST_RANGES,
+                 {"job_id": _IDS, "attempt": [1] * 3, "start": [0] * 3, "stop": [100] * 3,
+                  "tail": 16384}, prepared=False),
+    HotStatement("answer_with_partial_text", answer_q.JOB_ANSWER_GET,
+                 {"job_id": _IDS[0], "org_id": 1}),
+    HotStatement("delta_sweep", partial_q.JOB_DELTA_SWEEP_ENDED, {}, reads_backlog=True),
     HotStatement("route_pause", route_q.ROUTE_PAUSE, {"route": "r", "seconds": 1.0,
                                                       "reason": "429"}),
     HotStatement("route_pauses_active", route_q.ROUTE_PAUSES_ACTIVE, {}),
@@ -243,7 +255,7 @@ def _keyed_event_read(node: dict[str, Any], limited: bool) -> bool:
 
 def _violations(node: dict[str, Any], hot: HotStatement, limited: bool = False) -> list[str]:
     """Every node of the plan that may read sa_job in full, sa_entity other than by id, or
-    sa_job_event other than through an index condition.
+    sa_job_event or sa_job_delta other than through an index condition.
 
     A read of sa_job must probe what the statement names (_PROBE_INDEXES, with a condition) or
     walk an index under a LIMIT that stops it (the claim's heads, a keyset page); a statement
@@ -258,6 +270,10 @@ def _violations(node: dict[str, Any], hot: HotStatement, limited: bool = False) 
     if node.get("Relation Name") == "sa_job_event" and kind != "ModifyTable" and (
             not _keyed_event_read(node, limited)):
         found.append(f"{kind} {node.get('Index Name') or ''} on sa_job_event with no index "
+                     "condition".replace("  ", " "))
+    if node.get("Relation Name") == "sa_job_delta" and kind != "ModifyTable" and (
+            not hot.reads_backlog and not _keyed_event_read(node, limited)):
+        found.append(f"{kind} {node.get('Index Name') or ''} on sa_job_delta with no index "
                      "condition".replace("  ", " "))
     if node.get("Relation Name") == "sa_entity" and kind != "ModifyTable" and (
             kind != "Index Scan" or node.get("Index Name") != "sa_entity_pkey"):

@@ -1,7 +1,7 @@
 """sa-core's own runner for bench/peers.py: the same burn-down and pick-up on the real queue.
 
 Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL (burndown N | llm N | pickup K)
-       [--concurrency C] [--variant full|noop] [--provider-url URL]
+       [--concurrency C] [--variant full|noop] [--provider-url URL] [--stream]
 
 The database must already carry sa-core's migrations. Every job is a real prompt entity plus
 a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit) each.
@@ -15,7 +15,9 @@ a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit)
 - threads: as full, but `run-worker` without gevent's monkey-patching (one OS thread per job
   slot, the model before gevent), for bench/llm_shaped.py's comparison.
 - llm (full and threads): the burn-down against `--provider-url` instead of the fake provider; also
-  reports the worker process's CPU seconds and peak RSS (from /proc) at the end.
+  reports the worker process's CPU seconds and peak RSS (from /proc) at the end. With `--stream`
+  that provider is one route with `"stream": true` (SA_PROVIDER_ROUTES), so every job asks for
+  a streamed answer and writes its text as it arrives (bench/llm_shaped.py --stream).
 - noop: the same Worker, Executor and finalize in this process, with a provider stub that
   answers at once without HTTP (still a full finalize: response, edge, ledger, events), and a
   NotificationListener wired to `Worker.on_job_queued` the way tests/helpers.py's WorkerHarness does.
@@ -30,6 +32,7 @@ Prints one `PEER_RESULT {json}` line like the other runners.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -153,8 +156,10 @@ def last_success(url: str, n: int, alive: Callable[[], None], timeout: float) ->
 class Runner:
     """One variant's worker and provider, started and stopped around a measurement."""
 
-    def __init__(self, url: str, variant: str, concurrency: int, provider_url: str | None = None) -> None:
+    def __init__(self, url: str, variant: str, concurrency: int, provider_url: str | None = None,
+                 stream: bool = False) -> None:
         self.url = url
+        self.stream = stream
         self.variant = variant
         self.concurrency = concurrency
         self.provider_url = provider_url
@@ -201,6 +206,9 @@ class Runner:
             wait_http(f"http://127.0.0.1:{port}/healthz")
             provider_url = f"http://127.0.0.1:{port}"
         env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": provider_url}
+        if self.stream:
+            env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": "", "SA_PROVIDER_ROUTES": json.dumps(
+                {"routes": [{"name": "streamed", "base_url": provider_url, "stream": True}]})}
         command = [str(VENV_BIN / "sa-core")]
         if self.variant == "threads":
             # NOTE: argv[1] is not `run-worker`, so jobqueue/runtime/green.py leaves threads as they are.
@@ -306,12 +314,15 @@ def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, A
 def main() -> None:
     parser = build_parser()
     parser.add_argument("--variant", choices=["full", "threads", "noop"], default="full")
+    parser.add_argument("--stream", action="store_true",
+                        help="llm: the provider's route streams (each job writes its text as it comes)")
     args = parser.parse_args()
     configure_logging()
     # NOTE: the in-process worker logs JSON lines like `sa-core run-worker` does; they go where
     # the real worker's go in the full variant (nowhere), and the result line to the real stdout.
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-    runner = Runner(args.database_url, args.variant, args.concurrency, args.provider_url)
+    runner = Runner(args.database_url, args.variant, args.concurrency, args.provider_url,
+                    args.stream)
     if args.mode in ("burndown", "llm"):
         result = burndown(args.database_url, runner, args.count, args.timeout)
     else:
@@ -319,7 +330,8 @@ def main() -> None:
     emit({"ok": True, "library": {"full": "sa-core", "threads": "sa-core/threads"}.get(
               args.variant, "sa-core/no-op"),
           "version": version("sa-core"), "python": sys.version.split()[0], "mode": args.mode,
-          "concurrency": args.concurrency, "variant": args.variant, **result})
+          "concurrency": args.concurrency, "variant": args.variant, "stream": args.stream,
+          **result})
 
 
 if __name__ == "__main__":

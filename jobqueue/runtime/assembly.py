@@ -23,13 +23,14 @@ from jobqueue.runtime.completer import Completer
 from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import RoutedProviders
+from jobqueue.runtime.streaming import DeltaWriter
 from jobqueue.runtime.worker import Worker, WorkerConfig
 
 __all__ = ["AssembledWorker", "assemble_worker", "worker_config"]
 
-# NOTE: job slots never hold a connection: the claim loop, the heartbeat and the completer each
-# borrow one for a statement, whatever the concurrency.
-_POOL_SIZE = 4
+# NOTE: job slots never hold a connection: the claim loop, the heartbeat, the completer and the
+# delta writer each borrow one for a statement, whatever the concurrency.
+_POOL_SIZE = 5
 
 
 def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
@@ -46,12 +47,14 @@ def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
 
 @dataclass
 class AssembledWorker:
-    """A worker with its pool, providers and completer; `close()` releases what it owns."""
+    """A worker with its pool, providers, completer and delta writer; `close()` releases what it
+    owns."""
 
     worker: Worker
     pool: ConnectionPool[DictConnection]
     providers: RoutedProviders
     completer: Completer
+    deltas: DeltaWriter
     owns_pool: bool
     owns_providers: bool
     listeners: list[NotificationListener] = field(default_factory=list)
@@ -64,10 +67,12 @@ class AssembledWorker:
         return listener
 
     def close(self) -> None:
-        """Stops the listeners and the completer, then closes what the assembly opened."""
+        """Stops the listeners, the completer and the delta writer, then closes what the assembly
+        opened."""
         for listener in self.listeners:
             listener.stop()
         self.completer.close()
+        self.deltas.close()
         if self.owns_providers:
             self.providers.close()
         if self.owns_pool:
@@ -108,13 +113,14 @@ def assemble_worker(
     backoff = BackoffConfig(base=settings.backoff_base, cap=settings.backoff_cap,
                             rate_limit_min_wait=settings.rate_limit_min_wait)
     completer = Completer(opened, FinishRules(backoff))
+    deltas = DeltaWriter(opened, settings.stream_interval)
     executor = Executor(
         completer=completer, providers=built, backoff=backoff,
         gate=RouteGate(opened, refresh=settings.gate_refresh, window=settings.route_limit_window,
                        reserve_tokens=settings.token_reservations,
                        use_headers=settings.ratelimit_headers,
                        fair_by_tokens=settings.fair_by_tokens),
-        throttle_max_wait=settings.throttle_max_wait, pool=opened,
-        stream_interval=settings.stream_interval, fallback_after=settings.fallback_after)
+        throttle_max_wait=settings.throttle_max_wait, deltas=deltas,
+        fallback_after=settings.fallback_after)
     return AssembledWorker(Worker(opened, executor, config, worker_id), opened, built, completer,
-                           owns_pool=pool is None, owns_providers=providers is None)
+                           deltas, owns_pool=pool is None, owns_providers=providers is None)

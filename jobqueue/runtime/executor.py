@@ -7,11 +7,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 
 import structlog
-from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
 from jobqueue.core.attempt import CallFailed, CallRecord, CallSucceeded, CallThrottled
-from jobqueue.core.db import DictConnection
 from jobqueue.core.fallback import fails_over, fallback_for, route_for
 from jobqueue.core.policy import BackoffConfig, ErrorKind
 from jobqueue.core.pricing import call_cost
@@ -23,7 +21,7 @@ from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.provider_answer import ProviderFailure
 from jobqueue.runtime.run_control import CallAbandoned, RunControl
-from jobqueue.runtime.streaming import PartialWriter
+from jobqueue.runtime.streaming import DeltaWriter
 
 __all__ = ["Executor", "Outcome"]
 
@@ -53,8 +51,7 @@ class Executor:
     backoff: BackoffConfig
     gate: RouteGate
     throttle_max_wait: float
-    pool: ConnectionPool[DictConnection]
-    stream_interval: float
+    deltas: DeltaWriter
     fallback_after: float = 10.0
 
     @staticmethod
@@ -105,18 +102,23 @@ class Executor:
                 ErrorKind.RATE_LIMIT, f"route {route.name!r} is throttled (no call made)",
                 retry_after=ticket.wait), model, bound, called=False)
         # NOTE: a streamed attempt's text shows while it arrives (GET /jobs, job.output_delta).
-        on_delta = PartialWriter(self.pool, job, self.stream_interval).feed if route.stream else None
+        stream = self.deltas.open(job, control) if route.stream else None
         try:
-            completion = provider.complete(model, messages, on_delta=on_delta, params={
-                name: job.options[name] for name in SENT_OPTIONS if name in job.options},
-                control=control)
+            try:
+                completion = provider.complete(
+                    model, messages, on_delta=None if stream is None else stream.feed,
+                    params={name: job.options[name] for name in SENT_OPTIONS if name in job.options},
+                    control=control)
+            finally:
+                # NOTE: before any finalize, which deletes the job's rows: a write under way
+                # ends first.
+                if stream is not None:
+                    stream.close()
         except CallAbandoned:
             self.gate.release(ticket)
             # NOTE: whoever abandoned the run (worker.py) logged it; a stream's write finding the
-            # job gone is logged here, once.
-            if control is None or not control.abandoned:
-                if control is not None:
-                    control.abandon()
+            # job gone (which abandons the control, cutting the call) is logged here.
+            if stream is not None and stream.lost:
                 bound.info("job.abandoned", reason="lost_mid_stream", route=route.name)
             return Outcome.ABANDONED
         except ProviderFailure as failure:

@@ -1,14 +1,15 @@
 """The maintenance leader: one runner, elected by a session advisory lock, runs reclaim, the chain
-sweep and retention.
+sweep, the streamed-text sweep and retention.
 
 Every long-running worker starts a `MaintenanceLeader`. Each one competes for a fixed
 advisory lock on its own dedicated connection (a session lock belongs to one backend, so a
 pooled connection would not do); the one holding it runs `Reclaimer.run_once()` on that
 connection every `reclaim_interval`, jittered, then `chains.sweep()` (chains left waiting on a
 job that already ended), and `Retention.run_once()` every
-`retention_interval` (and at once when it becomes leader). When the holder dies or its connection breaks,
-Postgres releases the lock and another worker takes the role at its next attempt. No system
-cron is needed, and however many workers run, one acts at a time.
+`retention_interval` (and at once when it becomes leader). Each round also deletes the streamed
+text (sa_job_delta) of attempts that ended without a finalize (`streaming.sweep_ended`). When
+the holder dies or its connection breaks, Postgres releases the lock and another worker takes
+the role at its next attempt. No system cron is needed, and however many workers run, one acts at a time.
 
 NOTE: the session sets server-side TCP keepalives (and libpq sets client-side ones), so a leader
 whose host vanishes from the network loses the lock within about a minute. Until then (a network
@@ -36,6 +37,7 @@ from jobqueue.core.settings import Settings
 from jobqueue.engine import chains
 from jobqueue.engine.reclaim import ReclaimCounts, Reclaimer
 from jobqueue.runtime.retention import Retention, RetentionCounts
+from jobqueue.runtime.streaming import sweep_ended
 
 __all__ = ["MaintenanceLeader"]
 
@@ -129,6 +131,7 @@ class MaintenanceLeader:
         self.errors = 0
         self.last_counts: ReclaimCounts | None = None
         self.last_settled: chains.Settled | None = None
+        self.last_deltas_swept = 0
         self.last_retention: RetentionCounts | None = None
         self.keepalives: dict[str, str] = {}
         self._retention_due = 0.0
@@ -220,6 +223,7 @@ class MaintenanceLeader:
                 return cfg.lock_retry_interval
             counts = Reclaimer(conn, self.reclaim).run_once()
             self.last_settled = chains.sweep(conn)
+            self.last_deltas_swept = sweep_ended(conn)
             self.last_counts = counts
             self.rounds += 1
             if self.on_round is not None:

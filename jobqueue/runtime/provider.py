@@ -12,7 +12,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -28,17 +28,17 @@ from jobqueue.runtime.provider_answer import (
     Completion,
     ProviderFailure,
     TooLarge,
-    check_storable,
     completion_from,
     elapsed_ms,
     error_message,
     parse_answer,
-    unreadable,
 )
+from jobqueue.runtime.provider_stream import ChunkedBody, StreamedAnswer, poller
 from jobqueue.runtime.provider_transport import (
     Connection,
     DeadlineHTTPConnection,
     DeadlineHTTPSConnection,
+    DeadlineReader,
     cut,
     environment_proxy,
     idle_socket_readable,
@@ -259,40 +259,37 @@ class Provider:
         (a provider restart, a proxy timeout): its text is partial, so the call fails (retried),
         never succeeds with half an answer.
         """
-        parts: list[str] = []
-        last: dict[str, Any] = {}
-        usage: dict[str, Any] = {}
-        finished = False
+        answer = StreamedAnswer(on_delta, response.status, started)
+        if response.chunked:
+            body = ChunkedBody(response, self._max_bytes)
+            reader = poller() if isinstance(body.fp.raw, DeadlineReader) else None
+            if reader is not None:
+                reader.read(body, answer.line)
+            else:
+                for line in body:
+                    if answer.line(line):
+                        break
+        else:
+            for line in self._lines(response):
+                if answer.line(line):
+                    break
+        if not answer.finished:
+            raise ProviderFailure(ErrorKind.UNKNOWN,
+                                  "provider stream ended before its last chunk (cut short)",
+                                  http_status=response.status, latency_ms=elapsed_ms(started))
+        if response.chunked:
+            body.finish()
+        return completion_from(answer.last, "".join(answer.parts), answer.usage, model,
+                               response.status, elapsed_ms(started))
+
+    def _lines(self, response: http.client.HTTPResponse) -> Iterator[bytes]:
+        """A streamed body that is not chunked (a length, or the server's close), line by line."""
         seen = 0
         while line := response.readline(self._max_bytes + 1 - seen):
             seen += len(line)
             if seen > self._max_bytes:
                 raise TooLarge(response.status)
-            if not line.startswith(b"data:"):
-                continue
-            data = line[5:].strip()
-            if data == b"[DONE]":
-                finished = True
-                break
-            try:
-                chunk: Any = json.loads(data)
-                delta = (chunk.get("choices") or [{}])[0].get("delta", {}).get("content") or ""
-                if not isinstance(delta, str):
-                    raise TypeError("delta content is not a string")
-                check_storable(delta)
-            except (ValueError, LookupError, TypeError, AttributeError) as exc:
-                raise unreadable(exc, data, response.status, elapsed_ms(started)) from exc
-            last, usage = chunk, chunk.get("usage") or usage
-            finished = finished or bool((chunk.get("choices") or [{}])[0].get("finish_reason"))
-            if delta:
-                parts.append(delta)
-                on_delta(delta)
-        if not finished:
-            raise ProviderFailure(ErrorKind.UNKNOWN,
-                                  "provider stream ended before its last chunk (cut short)",
-                                  http_status=response.status, latency_ms=elapsed_ms(started))
-        return completion_from(last, "".join(parts), usage, model, response.status,
-                           elapsed_ms(started))
+            yield line
 
     def _connection(self, deadline: float) -> Connection:
         """This job's connection; a new one when there is none or the server has closed it."""

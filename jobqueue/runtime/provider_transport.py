@@ -13,6 +13,7 @@ import io
 import math
 import select
 import socket
+import ssl
 import time
 import urllib.parse
 import urllib.request
@@ -21,13 +22,14 @@ from typing import Any
 
 from jobqueue.core.redact import redact
 
-__all__ = ["Connection", "DeadlineHTTPConnection", "DeadlineHTTPSConnection", "cut",
+__all__ = ["Connection", "DeadlineHTTPConnection", "DeadlineHTTPSConnection", "DeadlineReader",
+           "cut",
            "environment_proxy", "idle_socket_readable", "proxy_authorization", "remaining"]
 
 _READ_BUFFER = 65536
 
 
-class _DeadlineReader(io.RawIOBase):
+class DeadlineReader(io.RawIOBase):
     """A response's socket reads, each bounded by what is left of the call's deadline.
 
     NOTE: a per-read timeout alone lets a server that sends one byte a second hold a call for
@@ -43,10 +45,45 @@ class _DeadlineReader(io.RawIOBase):
         # end is the server's close (no length, not chunked), before that answer is read.
         self._file = sock.makefile("rb", buffering=0)
 
+        # NOTE: while a poller reads the body (provider_stream.py), reads never wait: None (and
+        # `blocked`) when nothing has arrived; the poller keeps the deadline then.
+        self.polled = False
+        self.blocked = False
+        # NOTE: a TLS socket may hold decrypted bytes that no readiness event announces.
+        self.tls = isinstance(sock, ssl.SSLSocket)
+
+    @property
+    def fd(self) -> int:
+        """The socket's descriptor."""
+        return self._sock.fileno()
+
+    @property
+    def deadline(self) -> float:
+        """The call's deadline (time.monotonic())."""
+        return self._conn.deadline
+
+    @property
+    def idle_timeout(self) -> float:
+        """The most seconds between two reads that bring something (0: no bound)."""
+        return self._conn.read_timeout
+
+    def poll_mode(self, on: bool) -> None:
+        """Makes reads return at once (None when nothing has arrived), or wait again."""
+        self.polled = on
+        if on:
+            self._sock.settimeout(0.0)
+
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: Any) -> int | None:
+        if self.polled:
+            try:
+                got: int | None = self._file.readinto(buffer)
+            except ssl.SSLWantReadError:
+                got = None
+            self.blocked = got is None
+            return got
         left = remaining(self._conn.deadline)
         idle = self._conn.read_timeout
         self._sock.settimeout(min(left, idle) if idle else left)
@@ -66,7 +103,7 @@ class _DeadlineSocket:
 
     def makefile(self, mode: str) -> io.BufferedReader:
         assert self._conn.sock is not None
-        return io.BufferedReader(_DeadlineReader(self._conn.sock, self._conn), _READ_BUFFER)
+        return io.BufferedReader(DeadlineReader(self._conn.sock, self._conn), _READ_BUFFER)
 
 
 def _response_class(conn: Connection) -> Callable[..., http.client.HTTPResponse]:

@@ -22,9 +22,10 @@ ANSWER_JOINS = """
 """
 
 # served by sa_job_pkey (id); the org is checked on the row found (queries/job.py explains why).
-# A running streamed attempt's text so far (sa_job_partial_pkey), for a stream that attaches late.
+# A running streamed attempt's text so far (its rows in order, by sa_job_delta_job_idx), for a
+# stream that attaches late.
 JOB_ANSWER_GET = ("SELECT " + ANSWER_COLUMNS + """, j.attempt,
-       (SELECT p.text FROM sa_job_partial p
+       (SELECT string_agg(p.text, '' ORDER BY p."offset") FROM sa_job_delta p
          WHERE p.job_id = j.id AND p.attempt = j.attempt AND j.state = 'running') AS partial_text
   FROM sa_job j""" + ANSWER_JOINS + """
  WHERE j.id = %(job_id)s AND j.org_id IS NOT DISTINCT FROM %(org_id)s

@@ -69,7 +69,7 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 #   with `spend_attempt` false, the same attempt put back while its route is throttled (its
 #   first such put-back stamped in throttled_at);
 # - failed: finished for good.
-# A streamed attempt's partial text (sa_job_partial) goes with its finalize, whatever the
+# A streamed attempt's partial text (sa_job_delta) goes with its finalize, whatever the
 # outcome: only a succeeded attempt's text becomes a response. Every job written gets its ledger
 # row, unless no provider call was made (latency_ms null: a job put back because its route was
 # already paused); it names the route called and the call's cost, which `spend` adds to the
@@ -153,7 +153,7 @@ WITH done AS (
      GROUP BY job.org_id
     ON CONFLICT (org_id, day, shard) DO UPDATE SET cost = s.cost + excluded.cost
 ), partial AS (
-    DELETE FROM sa_job_partial p USING job WHERE p.job_id = job.id
+    DELETE FROM sa_job_delta p USING job WHERE p.job_id = job.id
 )
 SELECT id, attempt, to_state,
        EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = job.id AND d.waiting) AS dependents
@@ -216,7 +216,8 @@ RETURNING id, prompt_id, org_id, attempt
 # NOTE: each attempt that called the provider (its outcome, model, route, status, latency, tokens
 # and cost), oldest first, and a running streamed
 # attempt's text so far; a GET shows them with the job. Served by sa_ledger_job_idx (job_id) and
-# sa_job_partial_pkey (job_id), one probe each per job.
+# sa_job_delta_job_idx (job_id, attempt, offset), one range each per job: the running attempt's
+# rows, each starting where the previous ended, in order.
 _READ_COLUMNS = """
 , coalesce((SELECT jsonb_agg(jsonb_build_object('attempt', l.attempt, 'tokens_in', l.tokens_in,
                                                 'tokens_out', l.tokens_out, 'route', l.route,
@@ -226,7 +227,7 @@ _READ_COLUMNS = """
                              ORDER BY l.id)
               FROM sa_ledger l
              WHERE l.job_id = sa_job.id), '[]'::jsonb) AS usage,
-(SELECT p.text FROM sa_job_partial p
+(SELECT string_agg(p.text, '' ORDER BY p."offset") FROM sa_job_delta p
   WHERE p.job_id = sa_job.id AND p.attempt = sa_job.attempt AND sa_job.state = 'running')
     AS partial_text
 """
