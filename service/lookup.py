@@ -15,6 +15,7 @@ from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.queries import mission as mission_q
 from jobqueue.core.tokens import Caller
+from service.holds import Holds
 
 __all__ = ["JobsPage", "get_job", "get_job_with_response", "get_prompt", "get_response",
            "prompts_latest", "recent_changes"]
@@ -124,9 +125,10 @@ def get_prompt(pool: ConnectionPool[DictConnection], caller: Caller, prompt_id: 
 
 
 def prompts_latest(conn: DictConnection, org_id: int, prompt_ids: list[uuid.UUID], *,
-                   text_chars: int, max_bytes: int) -> tuple[list[Row], bool]:
+                   text_chars: int, max_bytes: int, holds: Holds) -> tuple[list[Row], bool]:
     """Returns the feed items of `prompt_ids` (the org's only), in that order, each with its
-    latest job; and whether the list was cut short because the texts passed `max_bytes`."""
+    latest job and what holds it back if it is due (`held`, see service/holds.py); and whether
+    the list was cut short because the texts passed `max_bytes`."""
     if not prompt_ids:
         return [], False
     with conn.transaction():
@@ -135,6 +137,7 @@ def prompts_latest(conn: DictConnection, org_id: int, prompt_ids: list[uuid.UUID
             "org_id": org_id, "prompt_ids": prompt_ids, "text_chars": text_chars,
             "max_bytes": max_bytes}).fetchall()
     items = [{k: v for k, v in row.items() if k != "read"} for row in rows]
+    holds.mark(conn, org_id, items)
     return items, bool(rows) and rows[0]["read"] > len(rows)
 
 
@@ -148,6 +151,7 @@ def recent_changes(
     limit: int,
     text_chars: int,
     max_bytes: int,
+    holds: Holds,
     org_wide: bool = False,
 ) -> Row:
     """Returns `{as_of, items, next_cursor, has_more}`: a page of the viewer's event log, collapsed
@@ -171,6 +175,7 @@ def recent_changes(
         limit: most events read, hence most items answered.
         text_chars: most characters of a prompt's or a response's text in an item.
         max_bytes: the texts' bytes past which the page ends (the first item always comes).
+        holds: the org's limits that hold due jobs back (each item's `held`).
         org_wide: the viewer's whole org instead of the viewer's own prompts.
     """
     scope = {"org_id": caller.org_id, "user_id": caller.user_id}
@@ -198,7 +203,7 @@ def recent_changes(
             last_event.pop(event["prompt_id"], None)
             last_event[event["prompt_id"]] = event["id"]
         items, cut = prompts_latest(conn, caller.org_id, list(last_event), text_chars=text_chars,
-                                    max_bytes=max_bytes)
+                                    max_bytes=max_bytes, holds=holds)
         if cut:
             return {"as_of": as_of, "items": items,
                     "next_cursor": last_event[items[-1]["prompt_id"]], "has_more": True}

@@ -18,6 +18,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection, reconnecting
 from jobqueue.core.queries import mission as mission_q
 from jobqueue.core.tokens import Caller
+from service.holds import Holds
 from service.lookup import prompts_latest
 
 __all__ = ["SCAN_EVENTS", "latest_prompts"]
@@ -38,6 +39,7 @@ def latest_prompts(
     limit: int,
     text_chars: int,
     max_bytes: int,
+    holds: Holds,
     org_wide: bool = False,
 ) -> Row:
     """Returns `{as_of, event_id, items, next_before, has_more}`: at most `limit` of the viewer's
@@ -56,6 +58,7 @@ def latest_prompts(
         limit: most prompts answered.
         text_chars: most characters of a prompt's or a response's text in an item.
         max_bytes: the texts' bytes past which the page ends (the first item always comes).
+        holds: the org's limits that hold due jobs back (each item's `held`).
         org_wide: the viewer's whole org instead of the viewer's own prompts.
     """
     as_of = datetime.now(UTC)
@@ -79,7 +82,7 @@ def latest_prompts(
                 break
             newest[event["prompt_id"]] = event["id"]
         items, cut = prompts_latest(conn, caller.org_id, list(newest), text_chars=text_chars,
-                                    max_bytes=max_bytes)
+                                    max_bytes=max_bytes, holds=holds)
         if cut:
             next_before = newest[items[-1]["prompt_id"]]
         return {"as_of": as_of, "event_id": upto, "items": items, "next_before": next_before,

@@ -23,6 +23,7 @@ from jobqueue.core.queries import job_event as event_q
 from jobqueue.core.queries import mission as mission_q
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Authenticator, Caller, issue_token, revoke_token
+from jobqueue.engine.claim import claim
 from service.app import create_app
 from service.auth import AuthMiddleware
 from service.events.hub import EventHub
@@ -510,3 +511,28 @@ def test_a_hub_started_while_an_event_writer_is_open_answers_streams_and_polls_a
             (early["prompt_id"], "cancelled"), (later["prompt_id"], "queued")]
     finally:
         fresh.stop()
+
+
+def test_a_due_queued_prompt_says_what_holds_it_back_its_orgs_running_cap_or_budget(
+    settings: Settings, pool: ConnectionPool[DictConnection], hub: EventHub, auth: dict[str, str],
+) -> None:
+    feeds = falcon.testing.TestClient(create_app(replace(settings, org_max_running=1), pool, hub=hub))
+    running = submit(feeds, auth, text="takes the org's one place")
+    submit(feeds, auth, text="waits for it")
+    submit(feeds, auth, text="not due yet", delay_seconds=3600)
+    assert [job.id for job in claim(pool, "feeds-test", 1, 100)] == [uuid.UUID(running["job_id"])]
+    wait_for(lambda: hub_caught_up(hub, pool))
+
+    def holds(path: str) -> dict[str, str | None]:
+        items = feeds.simulate_get(path, headers=auth).json["items"]
+        return {item["text"]: item["held"] for item in items}
+
+    expected = {"takes the org's one place": None, "waits for it": "running_cap", "not due yet": None}
+    assert holds(PROMPTS) == holds(RECENT) == expected
+    with pool.connection() as conn:
+        conn.execute("INSERT INTO sa_org_spend (org_id, day, shard, cost) "
+                     "VALUES (1, (now() AT TIME ZONE 'UTC')::date, 0, 1)")
+    budgeted = falcon.testing.TestClient(create_app(
+        replace(settings, org_max_running=1, org_budget_daily=0.5), pool, hub=hub))
+    items = budgeted.simulate_get(PROMPTS, headers=auth).json["items"]
+    assert {i["text"]: i["held"] for i in items} == {**expected, "waits for it": "budget"}

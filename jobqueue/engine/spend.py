@@ -19,15 +19,27 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.errors import OverBudget
 from jobqueue.core.queries import spend as q
 
-__all__ = ["HeldOrgs", "check_budget", "org_budget"]
+__all__ = ["HeldOrgs", "check_budget", "org_budget", "over_budget"]
+
+
+def _spent_on(conn: DictConnection, org_id: int, now: datetime | None) -> tuple[float, float]:
+    row = conn.execute(q.ORG_SPEND_GET, {"org_id": org_id, "now": now}).fetchone()
+    assert row is not None
+    return float(row["day_cost"]), float(row["month_cost"])
 
 
 def _spent(pool: ConnectionPool[DictConnection], org_id: int,
            now: datetime | None) -> tuple[float, float]:
     with pool.connection() as conn:
-        row = conn.execute(q.ORG_SPEND_GET, {"org_id": org_id, "now": now}).fetchone()
-    assert row is not None
-    return float(row["day_cost"]), float(row["month_cost"])
+        return _spent_on(conn, org_id, now)
+
+
+def over_budget(conn: DictConnection, org_id: int, budgets: Budgets) -> bool:
+    """Whether the org has spent a budget (its queued work waits); no read when none is set."""
+    if not budgets:
+        return False
+    day_cost, month_cost = _spent_on(conn, org_id, None)
+    return exceeded(budgets, day_cost, month_cost, datetime.now(UTC)) is not None
 
 
 def check_budget(pool: ConnectionPool[DictConnection], org_id: int, budgets: Budgets,

@@ -293,7 +293,7 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
         "MissionItem": {
             "type": "object",
             "description": "A prompt whose jobs changed, with its latest job.",
-            "required": ["prompt_id", "text", "job_id", "state", "updated_at"],
+            "required": ["prompt_id", "text", "job_id", "state", "updated_at", "held"],
             "properties": {
                 "prompt_id": _UUID, "parent_id": _nullable(_UUID),
                 "text": _feed_text(chars, "The prompt's text"),
@@ -312,6 +312,10 @@ def answer_schemas(settings: Settings) -> dict[str, Schema]:
                                  "(`after`)."},
                 "waiting": {"type": "boolean", "description": "It waits for `after_job_id` to "
                             "succeed."},
+                "held": _nullable({"type": "string", "enum": ["running_cap", "budget"],
+                                   "description": "Due and queued, it waits for its org: for a "
+                                   "free place under SA_ORG_MAX_RUNNING, or for its spent budget "
+                                   "to reset (null otherwise)."}),
                 "response_text": _nullable(_feed_text(chars, "The latest job's answer")),
                 "response_truncated": {"type": "boolean", "description": "`response_text` was "
                                        "cut: GET /responses/{response_id} has it whole."},
@@ -431,6 +435,7 @@ EXAMPLES: dict[str, Any] = {
         "attempt": 1, "max_attempts": 3, "priority": 50, "error_kind": None,
         "error_message": None, "response_id": RESPONSE_ID, "updated_at": AT,
         "scheduled_for": "2026-11-30T12:00:00+00:00", "after_job_id": None, "waiting": False,
+        "held": None,
         "response_text": "One queue, many workers, nothing lost.", "text_truncated": False,
         "response_truncated": False}]},
     "MissionSnapshot": {"as_of": AT, "event_id": 42, "cursor": "AAAAAAAAACo", "next_before": None,

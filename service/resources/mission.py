@@ -10,6 +10,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from service.contract import RECENT_LIMIT, SNAPSHOT_LIMIT
 from service.events.hub import EventHub
+from service.holds import Holds
 from service.lookup import recent_changes
 from service.parsers import (
     encode_cursor,
@@ -37,6 +38,7 @@ class MissionFeeds:
         self._hub = hub
         self._text_chars = settings.feed_text_max_chars
         self._max_bytes = settings.page_max_bytes
+        self._holds = Holds(settings.org_max_running, settings.budgets)
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Answers `{as_of, items, next_cursor, has_more}`."""
@@ -46,7 +48,8 @@ class MissionFeeds:
         org_wide = parse_org_wide(req.get_param("scope"))
         page = recent_changes(self._pool, req.context.caller, upto=self._hub.wait_ready(
             HUB_WAIT_SECONDS), after=after, since=since, limit=limit,
-            text_chars=self._text_chars, max_bytes=self._max_bytes, org_wide=org_wide)
+            text_chars=self._text_chars, max_bytes=self._max_bytes, holds=self._holds,
+            org_wide=org_wide)
         resp.media = {**page, "next_cursor": encode_cursor(page["next_cursor"])}
 
     def on_get_prompts(self, req: falcon.Request, resp: falcon.Response) -> None:
@@ -56,7 +59,7 @@ class MissionFeeds:
         org_wide = parse_org_wide(req.get_param("scope"))
         page = latest_prompts(self._pool, req.context.caller, upto=self._hub.wait_ready(
             HUB_WAIT_SECONDS), before=before, limit=limit, text_chars=self._text_chars,
-            max_bytes=self._max_bytes, org_wide=org_wide)
+            max_bytes=self._max_bytes, holds=self._holds, org_wide=org_wide)
         after = page["next_before"]
         resp.media = {**page, "next_before": None if after is None else encode_cursor(after),
                       "cursor": None if page["event_id"] is None else encode_cursor(page["event_id"])}

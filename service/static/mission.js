@@ -196,8 +196,9 @@ function applyEvent(event) {
   const item = items.get(event.prompt_id);
   if (!item) { sync().catch(failed); return; }
   if (event.from_state !== null && event.job_id !== item.job_id) return;
+  // NOTE: what holds a due job back (`held`) is known from reads only; an event makes it unknown.
   const update = { job_id: event.job_id, state: event.to_state, attempt: event.attempt,
-    error_kind: event.error_kind, updated_at: event.at };
+    error_kind: event.error_kind, updated_at: event.at, held: null };
   if (event.from_state === null) {
     Object.assign(update, { response_id: null, response_text: null, error_message: null });
   }

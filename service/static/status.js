@@ -20,6 +20,12 @@ export function waitsFor(item, itemOfJob) {
     return el("span", { class: "why", text: before
       ? `waits for “${short(before.text, 30)}” to succeed` : "waits for an earlier prompt to succeed" });
   }
+  if (item.held === "running_cap") {
+    return el("span", { class: "why", text: "waits for a free place: your org runs its most prompts at once" });
+  }
+  if (item.held === "budget") {
+    return el("span", { class: "why", text: "waits for your org's spent budget to reset" });
+  }
   const due = Date.parse(item.scheduled_for);
   if (!(due > Date.now() + skewMs + 1000)) return null;
   // NOTE: a 429 puts the job back, its attempt kept, until the route's pause ends.

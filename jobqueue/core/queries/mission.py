@@ -3,6 +3,7 @@
 __all__ = [
     "MISSION_LATEST_FOR_ORG",
     "MISSION_LATEST_FOR_USER",
+    "MISSION_ORG_AT_RUNNING_CAP",
     "MISSION_PAGE_FOR_ORG",
     "MISSION_PAGE_FOR_USER",
     "MISSION_PROMPTS_LATEST",
@@ -54,6 +55,16 @@ SELECT id, prompt_id
    AND id < %(before)s AND id <= %(upto)s
  ORDER BY id DESC
  LIMIT %(scan)s
+"""
+
+# Whether the org runs as many jobs as its cap (SA_ORG_MAX_RUNNING) allows, so its due queued
+# jobs wait for a slot. served by sa_job_worker_claim_idx (worker_claim) WHERE state =
+# 'running' (0001_core_schema.sql): running jobs are few (the workers' slots), read `cap` at most.
+MISSION_ORG_AT_RUNNING_CAP = """
+SELECT count(*) >= %(cap)s AS at_cap
+  FROM (SELECT 1 FROM sa_job
+         WHERE org_id = %(org_id)s AND state = 'running'
+         LIMIT %(cap)s) running
 """
 
 # A first call's `since` as a cursor: the viewer's last event stamped before it (0 for none).
