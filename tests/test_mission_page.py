@@ -485,7 +485,7 @@ def test_a_queued_prompt_says_why_it_waits_with_a_countdown_that_moves(
     after = f"after it {uuid.uuid4().hex[:6]}"
     viewer.submit(after, after=first["job_id"])
     why = ("return [...document.querySelectorAll('#field .drop')].find((li) => li.querySelector("
-           "'.prompt-text').textContent === arguments[0]).querySelector('.why')?.textContent")
+           "'.prompt-text').textContent === arguments[0])?.querySelector('.why')?.textContent")
     start = until(page, lambda d: d.execute_script(why, later))
     shown = re.fullmatch(r"starts in (\d+) s", start)
     assert shown and 60 <= int(shown.group(1)) <= 90, start
