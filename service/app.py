@@ -240,7 +240,7 @@ def create_app(
     app.add_route(f"{API_PREFIX}/ops/routes", OpsRoutes(pool, settings))
     app.add_route(f"{API_PREFIX}/ops/routes/pause", OpsRouteAction(pool, settings, pause=True))
     app.add_route(f"{API_PREFIX}/ops/routes/resume", OpsRouteAction(pool, settings, pause=False))
-    app.add_route(f"{API_PREFIX}/ops/workers", OpsWorkers(pool))
+    app.add_route(f"{API_PREFIX}/ops/workers", OpsWorkers(pool, settings.heartbeat_interval))
     app.add_route(f"{API_PREFIX}/ops/charts", OpsCharts(pool))
     add_openai_routes(app, pool, settings, hub, waits)
     # NOTE: the pages live at the root, outside the versioned JSON API: they are HTML, and the

@@ -239,12 +239,25 @@ def test_routes_pause_and_resume_for_every_worker_and_the_workers_are_listed(
     resumed = post(web, operator, "/routes/resume", {"route": "default"})
     assert resumed.status_code == 200 and resumed.json()["was_paused"] is True
     assert get(web, operator, "/routes")["items"][0]["paused_seconds"] == 0.0
-    listed = wait_for(lambda: get(web, operator, "/workers")["items"], timeout=10)
+    listed = wait_for(lambda: [w for w in get(web, operator, "/workers")["items"]
+                               if w["slots_in_use"]], timeout=10)
     assert listed[0]["slots_in_use"] == 1 and listed[0]["orgs"] == [2]
     assert listed[0]["host"] and listed[0]["last_heartbeat"] is not None
+    assert listed[0]["slots"] >= 1 and listed[0]["seen_at"] is not None
     assert post(web, operator, f"/jobs/{slow['job_id']}/cancel", {}).status_code == 200
     assert [e["action"] for e in get(web, operator, "/actions")["items"]] == [
         "cancel", "resume_route", "pause_route"]
+
+
+def test_an_idle_worker_is_listed_with_its_slots_until_it_stops(
+    web: str, operator: dict[str, str], workers: WorkerHarness,
+) -> None:
+    worker = workers.start(concurrency=3)
+    [listed] = wait_for(lambda: get(web, operator, "/workers")["items"], timeout=10)
+    assert (listed["worker_id"], listed["slots"], listed["slots_in_use"], listed["orgs"]) == (
+        worker.worker_id, 3, 0, [])
+    worker.stop()
+    wait_for(lambda: get(web, operator, "/workers")["items"] == [], timeout=10)
 
 
 def test_an_ops_read_token_sees_everything_and_changes_nothing(

@@ -37,6 +37,7 @@ from jobqueue.core.queries import metrics as metrics_q
 from jobqueue.core.queries import org_token as org_token_q
 from jobqueue.core.queries import partial as partial_q
 from jobqueue.core.queries import route as route_q
+from jobqueue.core.queries import worker as worker_q
 from jobqueue.engine.claim import DEFAULT_DEPTH
 from tests.helpers import plan_tree
 
@@ -187,7 +188,8 @@ HOT_PATH = [
     HotStatement("console_cancel_many", console_q.JOB_CANCEL_MANY_IF_ACTIVE,
                  {"ids": _IDS, "reason": "r"}),
     HotStatement("console_retry_many", console_q.JOB_RETRY_MANY_IF_FINISHED, {"ids": _IDS}),
-    HotStatement("console_workers", console_q.WORKER_LIST_FROM_CLAIMS, {}, reads_backlog=True),
+    HotStatement("console_workers", worker_q.WORKER_LIST_SEEN_SINCE, {"seconds": 90},
+                 reads_backlog=True),
     HotStatement("console_charts", console_q.JOB_EVENT_PER_MINUTE_SINCE,
                  {"since": datetime.now(UTC)}),
     HotStatement("route_window_reserve", route_q.ROUTE_WINDOW_RESERVE,

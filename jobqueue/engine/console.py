@@ -19,8 +19,10 @@ from jobqueue.core.errors import NotFound
 from jobqueue.core.queries import console as q
 from jobqueue.core.queries import ops_action as audit_q
 from jobqueue.core.queries import route as route_q
+from jobqueue.core.queries import worker as worker_q
 from jobqueue.core.routes import Routes
 from jobqueue.core.tokens import Caller
+from jobqueue.engine import presence
 from jobqueue.engine.bulk import log_action
 
 __all__ = ["JobPage", "action_log", "charts", "count_jobs", "explore_jobs", "pause_route", "resume_route",
@@ -153,10 +155,12 @@ def resume_route(pool: ConnectionPool[DictConnection], routes: Routes, operator:
     return {"route": route, "was_paused": was is not None, "action_id": action_id}
 
 
-def workers(pool: ConnectionPool[DictConnection]) -> list[Row]:
-    """The workers holding running jobs: id, host, slots in use, last heartbeat, oldest claim."""
+def workers(pool: ConnectionPool[DictConnection], heartbeat_interval: float) -> list[Row]:
+    """The running workers, idle ones included: id, host, slots and those in use, when each was
+    last heard from, its jobs' last heartbeat and oldest claim, and their orgs."""
     with pool.connection() as conn:
-        return conn.execute(q.WORKER_LIST_FROM_CLAIMS).fetchall()
+        return conn.execute(worker_q.WORKER_LIST_SEEN_SINCE, {
+            "seconds": presence.STALE_AFTER_BEATS * heartbeat_interval}).fetchall()
 
 
 

@@ -25,6 +25,7 @@ from jobqueue.core import metrics
 from jobqueue.core.budget import Budgets
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
+from jobqueue.engine import presence
 from jobqueue.engine.claim import ClaimedJob, claim, next_due
 from jobqueue.engine.departures import DepartureWatch
 from jobqueue.engine.heartbeat import heartbeat, release
@@ -172,6 +173,7 @@ class Worker:
     def run(self, once: bool = False) -> None:
         """Claims and runs jobs until stopped; with `once`, one claim round run to completion."""
         self.log.info("worker.started", concurrency=self.config.concurrency, once=once)
+        self._say_present(prune=True)
         heartbeat = threading.Thread(target=self._heartbeat_loop, name="sa-heartbeat", daemon=True)
         heartbeat.start()
         # NOTE: the watch's first look places its cursor before the first claim: a job claimed
@@ -191,6 +193,7 @@ class Worker:
             self._shutdown()
             heartbeat.join(timeout=5)
             watch.join(timeout=5)
+            self._say_gone()
         # NOTE: the database round trips this worker made, for operators and bench/throughput.py.
         self.log.info("worker.stopped", claims=self.claim_rounds,
                       finalize_batches=self.executor.completer.batches)
@@ -387,6 +390,22 @@ class Worker:
                 self.heartbeat_once()
             except Exception:
                 self.log.exception("worker.heartbeat_failed")
+            self._say_present()
+
+    def _say_present(self, prune: bool = False) -> None:
+        """Tells operators this worker runs (sa_worker); their view, never the work, needs it."""
+        try:
+            presence.seen(self.pool, self.worker_id, self.config.concurrency, self.inflight,
+                          prune_after=(presence.STALE_AFTER_BEATS * self.config.heartbeat_interval
+                                       if prune else None))
+        except psycopg.Error as exc:
+            self.log.warning("worker.presence_failed", error=str(exc).strip()[:300])
+
+    def _say_gone(self) -> None:
+        try:
+            presence.gone(self.pool, self.worker_id)
+        except psycopg.Error as exc:
+            self.log.warning("worker.presence_failed", error=str(exc).strip()[:300])
 
     def _watch_safely(self) -> None:
         try:

@@ -90,12 +90,14 @@ def _reads() -> list[Operation]:
                        "tokens": 0}]})},
                   description=_READ),
         Operation("get", f"{_OPS}/workers", "opsListWorkers",
-                  "The workers holding running jobs: slots in use, last heartbeat.",
+                  "The running workers, idle ones too: slots and those in use, last seen.",
                   {"200": Answer("The workers.", _items("items"), {"items": [
-                      {"worker_id": "host-1:4242:0a1b2c3d4e5f", "host": "host-1",
-                       "slots_in_use": 2, "last_heartbeat": AT, "oldest_claim": AT,
-                       "orgs": [2]}]})},
-                  description=f"An idle worker holds no job and is not listed. {_READ}"),
+                      {"worker_id": "host-1:4242:0a1b2c3d4e5f", "host": "host-1", "slots": 16,
+                       "slots_in_use": 2, "started_at": AT, "seen_at": AT,
+                       "last_heartbeat": AT, "oldest_claim": AT, "orgs": [2]}]})},
+                  description=("Each worker says it runs at start and every heartbeat interval "
+                               "and withdraws at its stop; one silent for three intervals is "
+                               f"not listed. {_READ}")),
         Operation("get", f"{_OPS}/charts", "opsCharts",
                   "The last hour, a point per minute: jobs enqueued, succeeded and failed; wait "
                   "and run p50 and p95.",

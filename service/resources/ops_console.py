@@ -179,14 +179,16 @@ class OpsRouteAction:
 
 
 class OpsWorkers:
-    """GET /ops/workers: the workers holding running jobs."""
+    """GET /ops/workers: the running workers, idle ones included."""
 
-    def __init__(self, pool: ConnectionPool[DictConnection]) -> None:
+    def __init__(self, pool: ConnectionPool[DictConnection], heartbeat_interval: float) -> None:
         self._pool = pool
+        self._heartbeat_interval = heartbeat_interval
 
     def on_get(self, req: falcon.Request, resp: falcon.Response) -> None:
-        """Answers `{items}`: worker_id, host, slots_in_use, last_heartbeat, oldest_claim, orgs."""
-        resp.media = {"items": console.workers(self._pool)}
+        """Answers `{items}`: worker_id, host, slots, slots_in_use, started_at, seen_at,
+        last_heartbeat, oldest_claim, orgs."""
+        resp.media = {"items": console.workers(self._pool, self._heartbeat_interval)}
 
 
 class OpsCharts:

@@ -50,10 +50,11 @@ export function renderRoutes(routes, refresh) {
 }
 
 export function renderWorkers(workers) {
-  table("workers", ["worker", "host", "slots in use", "last heartbeat", "oldest claim", "orgs"],
-    workers.map((w) => [w.worker_id, w.host, w.slots_in_use,
-      w.last_heartbeat ? `${seconds((Date.now() - Date.parse(w.last_heartbeat)) / 1000)} ago` : "–",
-      when(w.oldest_claim), w.orgs.join(", ")]));
+  const ago = (at) => (at ? `${seconds((Date.now() - Date.parse(at)) / 1000)} ago` : "–");
+  table("workers", ["worker", "host", "slots in use", "last seen", "last job heartbeat",
+    "oldest claim", "orgs"],
+    workers.map((w) => [w.worker_id, w.host, `${w.slots_in_use} / ${w.slots}`, ago(w.seen_at),
+      ago(w.last_heartbeat), when(w.oldest_claim), w.orgs.join(", ") || "–"]));
 }
 
 function target(entry) {

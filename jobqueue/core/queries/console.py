@@ -8,7 +8,6 @@ __all__ = [
     "JOB_LIST_FOR_CONSOLE_PAGE",
     "JOB_LIST_IDS_FOR_CONSOLE_PAGE",
     "JOB_RETRY_MANY_IF_FINISHED",
-    "WORKER_LIST_FROM_CLAIMS",
 ]
 
 # The plan settings of the explorer's reads, run just before them in their transaction (as
@@ -156,21 +155,6 @@ WITH old AS (
 SELECT old.id AS old_id, old.state AS old_state, old.prompt_id, old.org_id, fresh.id AS job_id,
        coalesce((SELECT true FROM sa_job d WHERE d.after_job_id = old.id LIMIT 1), false) AS rearm
   FROM fresh JOIN old ON old.id = fresh.supersedes
-"""
-
-# served by sa_job_worker_claim_idx (worker_claim) WHERE state = 'running' (0001_core_schema.sql):
-# only running jobs are read. The workers as their running jobs show them: a claim is
-# `host:pid:random` (jobqueue/runtime/worker.py), its jobs the slots in use, its newest
-# heartbeat the last sign of life. NOTE: no table records workers, so an idle worker holds no
-# claim and is not listed.
-WORKER_LIST_FROM_CLAIMS = """
-SELECT worker_claim AS worker_id, split_part(worker_claim, ':', 1) AS host,
-       count(*) AS slots_in_use, max(running_heartbeat_at) AS last_heartbeat,
-       min(claimed_at) AS oldest_claim, array_agg(DISTINCT org_id ORDER BY org_id) AS orgs
-  FROM sa_job
- WHERE state = 'running'
- GROUP BY worker_claim
- ORDER BY worker_claim
 """
 
 # The console's charts: per minute since `since` (an hour), jobs enqueued (creation events),
