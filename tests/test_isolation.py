@@ -12,9 +12,11 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.attempt import CallRecord
+from jobqueue.core.console import BulkAction
 from jobqueue.core.db import DictConnection
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import finalize
+from jobqueue.engine.bulk import run_bulk
 from jobqueue.engine.claim import ClaimedJob, claim
 from jobqueue.engine.enqueue import enqueue
 from jobqueue.engine.heartbeat import heartbeat, release
@@ -210,3 +212,15 @@ def test_a_chain_that_cannot_be_settled_never_holds_back_another_orgs_chain(
     assert [waiting[j] for j in theirs] == [False, False]
     # NOTE: our chain is settled as one statement: it waits, whole, until its cause is mended.
     assert [waiting[j] for j in ours] == [True, True]
+
+
+def test_an_operators_bulk_cancel_changes_every_job_but_the_one_it_cannot_write(
+    pool: ConnectionPool[DictConnection], caller: Caller, poison: Callable[[uuid.UUID], None],
+) -> None:
+    jobs = [enqueue(pool, caller, f"bulk {n}").job_id for n in range(5)]
+    poison(jobs[2])
+    operator = Caller(org_id=9, user_id=90, scopes=frozenset({"ops"}))
+    done = run_bulk(pool, BulkAction.CANCEL, operator, ids=jobs, max_jobs=5, batch_size=5)
+    assert sorted(done.job_ids) == sorted(jobs[:2] + jobs[3:]) and done.batches == 1
+    states = {r["id"]: r["state"] for r in fetch_all(pool, "SELECT id, state FROM sa_job")}
+    assert states == {**{j: "cancelled" for j in jobs}, jobs[2]: "queued"}

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import wakeup
@@ -27,8 +28,11 @@ from jobqueue.core.queries import ops_action as audit_q
 from jobqueue.core.states import JobState
 from jobqueue.core.tokens import Caller
 from jobqueue.engine import chains, transitions
+from jobqueue.engine.isolation import write_isolated
 
 __all__ = ["BulkOutcome", "log_action", "run_bulk"]
+
+log = structlog.get_logger(__name__)
 
 Row = dict[str, Any]
 
@@ -160,15 +164,27 @@ def _filtered(pool: ConnectionPool[DictConnection], job_filter: JobFilter, max_j
 
 def _batch(pool: ConnectionPool[DictConnection], action: BulkAction, ids: list[uuid.UUID],
            action_id: int, reason: str) -> list[uuid.UUID]:
-    """Changes one batch and logs it, in one transaction; reports it once committed."""
+    """Changes one batch and logs it, in one transaction; reports it once committed.
+
+    A job whose row cannot be written is left out (and logged), never failing the batch or the
+    action (jobqueue/engine/isolation.py).
+    """
     rearmed: list[tuple[list[Row], uuid.UUID]] = []
+    statement = (q.JOB_CANCEL_MANY_IF_ACTIVE if action is BulkAction.CANCEL
+                 else q.JOB_RETRY_MANY_IF_FINISHED)
+
+    def write(c: DictConnection, part: Sequence[uuid.UUID]) -> list[Row]:
+        return c.execute(statement, {"ids": list(part), "reason": reason}).fetchall()
+
     with pool.connection() as conn, conn.transaction():
+        written = write_isolated(conn, ids, write)
+        for job_id, exc in written.failed:
+            log.warning("ops.bulk_job_failed", job_id=str(job_id), action=action.value,
+                        ops_action=action_id, error=str(exc).strip()[:300])
+        rows = written.rows
         if action is BulkAction.CANCEL:
-            rows = conn.execute(q.JOB_CANCEL_MANY_IF_ACTIVE, {"ids": ids, "reason": reason}
-                                ).fetchall()
             done = [r["id"] for r in rows]
         else:
-            rows = conn.execute(q.JOB_RETRY_MANY_IF_FINISHED, {"ids": ids}).fetchall()
             done = [r["old_id"] for r in rows]
             rearmed = [(chains.rearm(conn, r["old_id"], r["job_id"]), r["job_id"])
                        for r in rows if r["rearm"]]
