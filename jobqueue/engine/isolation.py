@@ -2,7 +2,8 @@
 down to the rows that cannot be written, which the caller sets aside.
 
 Every statement that writes a page or a batch of jobs (finalize, reject, heartbeat, release,
-reclaim, archive, settling a chain, an operator's bulk action) goes through `write_isolated`. Before it, one row that no
+reclaim, archive, settling a chain, an operator's bulk action) goes through `write_isolated`.
+Before it, one row that no
 statement could write (a chain whose settling overflowed the stack, a broken constraint, an
 operator's trigger) failed its whole batch, every time: a reclaim page that held it failed in
 every round, for every org.

@@ -32,11 +32,9 @@ SELECT route, extract(epoch FROM paused_until - now())::float8 AS seconds
 _WINDOW_START = ("date_bin(make_interval(secs => %(window)s), now(), "
                  "TIMESTAMPTZ '2000-01-01 00:00:00+00')")
 
-# served by sa_route_window_pkey (route, window_start). Counts one call in the route's current
-# window if the window is under both limits (0: none); answers `allowed` and the seconds left in
-# the window. Concurrent workers serialize on the window's row, so the limit holds exactly. The
-# route's earlier windows are deleted on the way (one or two rows).
-ROUTE_WINDOW_TAKE = (
+# NOTE: the head of ROUTE_WINDOW_TAKE and ROUTE_WINDOW_RESERVE: the current window (`w`), and
+# the route's earlier windows deleted on the way (one or two rows); `taken` follows.
+_WINDOW_HEAD = (
     """
 WITH w AS (
     SELECT """
@@ -45,7 +43,16 @@ WITH w AS (
 ), old AS (
     DELETE FROM sa_route_window
      WHERE route = %(route)s AND window_start < (SELECT start FROM w)
-), taken AS (
+), taken AS ("""
+)
+
+# served by sa_route_window_pkey (route, window_start). Counts one call in the route's current
+# window if the window is under both limits (0: none); answers `allowed` and the seconds left in
+# the window. Concurrent workers serialize on the window's row, so the limit holds exactly. The
+# route's earlier windows are deleted on the way (one or two rows).
+ROUTE_WINDOW_TAKE = (
+    _WINDOW_HEAD
+    + """
     INSERT INTO sa_route_window AS r (route, window_start, requests)
     SELECT %(route)s, start, 1 FROM w
     ON CONFLICT (route, window_start) DO UPDATE
@@ -117,15 +124,8 @@ SELECT r.route,
 # left and the window the reservation is held in (its settle goes there). Concurrent workers
 # serialize on the window's row, so the limit holds exactly. Earlier windows deleted on the way.
 ROUTE_WINDOW_RESERVE = (
-    """
-WITH w AS (
-    SELECT """
-    + _WINDOW_START
-    + """ AS start
-), old AS (
-    DELETE FROM sa_route_window
-     WHERE route = %(route)s AND window_start < (SELECT start FROM w)
-), taken AS (
+    _WINDOW_HEAD
+    + """
     INSERT INTO sa_route_window AS r (route, window_start, requests, tokens, reserved)
     SELECT %(route)s, start, 1, %(tokens)s, %(tokens)s FROM w
     ON CONFLICT (route, window_start) DO UPDATE
