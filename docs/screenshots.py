@@ -93,6 +93,12 @@ def main() -> None:
                     driver.save_screenshot(str(DOCS / "mission-desktop.png"))
                     driver.set_window_size(390, 1400)
                     driver.save_screenshot(str(DOCS / "mission-phone.png"))
+                    # NOTE: a prompt's details, at the phone's width (its table scrolls inside).
+                    driver.find_element("css selector", "#field .drop.is-orphan a.details").click()
+                    wait.until(lambda d: d.execute_script(
+                        "return document.querySelector('#detail-body .detail-attempts tbody tr')"))
+                    driver.save_screenshot(str(DOCS / "mission-details-phone.png"))
+                    driver.find_element("id", "detail-close").click()
                     # NOTE: tall enough for the console's charts, explorer, routes and log.
                     driver.set_window_size(1280, 2600)
                     post("/ops/routes/pause", {"route": "default", "seconds": 1,

@@ -60,9 +60,8 @@ export function detailView({ drops }) {
     const found = await api("GET", `/prompts/${promptId}?limit=20`);
     if (open !== promptId) return;
     $("detail-title").textContent = `Details of “${short(found.prompt.content, 40)}”`;
-    $("detail-body").replaceChildren(
-      ...found.jobs.map(jobSection),
-      found.has_more ? el("p", { class: "hint", text: "Older jobs are not shown." }) : null);
+    const older = found.has_more ? [el("p", { class: "hint", text: "Older jobs are not shown." })] : [];
+    $("detail-body").replaceChildren(...found.jobs.map(jobSection), ...older);
   }
 
   const view = {
