@@ -31,6 +31,7 @@ from service.middleware_security import (
     SecurityHeadersMiddleware,
     cors_middleware,
 )
+from service.middleware_turns import TurnsMiddleware
 from service.openai.routes import add_openai_routes
 from service.openapi.document import OPENAPI_PATH, OpenApiDocument, build_openapi
 from service.resources.control import JobCancel, PromptRetry
@@ -58,11 +59,23 @@ from service.resources.responses import ResponseItem
 from service.resources.session import Session
 from service.resources.usage import OrgUsage
 from service.serialize import json_handler, serialize_error
+from service.turns import Turns
 from service.waits import Waits
 
 __all__ = ["create_app"]
 
 log = structlog.get_logger(__name__)
+
+TURN_ROUTES = frozenset({
+    ("GET", f"{API_PREFIX}/mission/recent"),
+    ("GET", f"{API_PREFIX}/mission/prompts"),
+    ("GET", f"{API_PREFIX}/prompts/{{prompt_id:uuid}}"),
+    ("GET", f"{API_PREFIX}/responses/{{response_id:uuid}}"),
+    ("GET", f"{API_PREFIX}/usage"),
+    ("POST", f"{API_PREFIX}/session"),
+})
+"""The requests that take their token's turn (service/turns.py): pages a client can ask for
+back to back whose cost grows with what they carry, and sign-ins, which write."""
 
 _STATUS: dict[type[JobQueueError], str] = {
     NotFound: falcon.HTTP_404,
@@ -186,6 +199,9 @@ def create_app(
     document = build_openapi(settings)
     middleware: list[Any] = [RequestContextMiddleware(), SecurityHeadersMiddleware(),
                              *([cors] if cors else []), AuthMiddleware(authenticator),
+                             TurnsMiddleware(Turns(settings.token_read_share,
+                                                   settings.token_read_queue,
+                                                   settings.token_read_wait), TURN_ROUTES),
                              RequestLimitsMiddleware(settings.max_body_bytes, settings.body_timeout, {
                                  f"{API_PREFIX}/prompts/batch": (settings.batch_max_bytes,
                                                                  "SA_BATCH_MAX_BYTES")}),

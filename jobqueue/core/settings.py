@@ -63,6 +63,18 @@ def _float(env: Mapping[str, str], name: str, default: float, *, minimum: float 
     return value
 
 
+def _fraction(env: Mapping[str, str], name: str, default: float) -> float:
+    """A share in (0, 1]."""
+    raw = env.get(name) or str(default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a fraction in (0, 1], got {raw!r}") from None
+    if not 0 < value <= 1:
+        raise SettingsError(f"{name} must be a fraction in (0, 1], got {raw!r}")
+    return value
+
+
 def _usd(env: Mapping[str, str], name: str) -> float:
     """An amount of US dollars, 0 (the default) for none."""
     raw = env.get(name) or "0"
@@ -302,6 +314,9 @@ class Settings:
     feed_text_max_chars: int = 16_384
     page_max_bytes: int = 1_048_576
     sessions_per_token: int = 20
+    token_read_share: float = 0.25
+    token_read_queue: int = 100
+    token_read_wait: float = 10.0
     batch_max_bytes: int = 4 * 1_048_576
     ops_bulk_batch: int = 500
 
@@ -401,6 +416,9 @@ class Settings:
             feed_text_max_chars=_int(env, "SA_FEED_TEXT_MAX_CHARS", 16_384),
             page_max_bytes=_int(env, "SA_PAGE_MAX_BYTES", 1_048_576, minimum=1024),
             sessions_per_token=_int(env, "SA_SESSIONS_PER_TOKEN", 20),
+            token_read_share=_fraction(env, "SA_TOKEN_READ_SHARE", 0.25),
+            token_read_queue=_int(env, "SA_TOKEN_READ_QUEUE", 100, minimum=0),
+            token_read_wait=_float(env, "SA_TOKEN_READ_WAIT", 10.0),
             batch_max_bytes=_int(env, "SA_BATCH_MAX_BYTES", 4 * 1_048_576),
             ops_bulk_batch=_int(env, "SA_OPS_BULK_BATCH", 500),
         )
