@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -144,10 +145,11 @@ async def stream(port: int, token: str, stop: asyncio.Event, tally: Tally,
 
 
 async def normal_client(port: int, token: str, rate: float, seconds: float
-                        ) -> tuple[list[float], collections.Counter[str]]:
-    """POSTs at `rate`/s for `seconds`; returns latencies (ms, from the scheduled time) and errors."""
+                        ) -> tuple[list[tuple[float, float]], collections.Counter[str]]:
+    """POSTs at `rate`/s for `seconds`; returns (seconds in, latency in ms from the scheduled
+    time) of each answer, and the errors."""
     errors: collections.Counter[str] = collections.Counter()
-    latencies: list[float] = []
+    latencies: list[tuple[float, float]] = []
     free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
     for _ in range(NORMAL_CONNECTIONS):
         free.put_nowait(await asyncio.open_connection("127.0.0.1", port))
@@ -165,7 +167,7 @@ async def normal_client(port: int, token: str, rate: float, seconds: float
             length = next(int(line.split(b":", 1)[1]) for line in head_bytes.split(b"\r\n")
                           if line.lower().startswith(b"content-length:"))
             await reader.readexactly(length)
-            latencies.append((time.perf_counter() - scheduled) * 1000)
+            latencies.append((scheduled - started, (time.perf_counter() - scheduled) * 1000))
             if status != 202:
                 errors[f"status {status}"] += 1
             free.put_nowait((reader, writer))
@@ -198,12 +200,17 @@ async def run(port: int, abuser: str, normal: str, args: argparse.Namespace) -> 
     abusers += [asyncio.ensure_future(slow_body(port, abuser, stop, tally))
                 for _ in range(args.slow if "slow" in args.attacks else 0)]
     await asyncio.sleep(args.settle)
-    latencies, errors = await normal_client(port, normal, args.rate, args.seconds)
+    timed, errors = await normal_client(port, normal, args.rate, args.seconds)
     stop.set()
     await asyncio.gather(*abusers)
+    latencies = [ms for _, ms in timed]
     print(f"normal client: {len(latencies)} answers at {args.rate:g}/s over {args.seconds:g} s, "
           f"p50 {percentile(latencies, 50):.1f} ms  p99 {percentile(latencies, 99):.1f} ms  "
           f"max {max(latencies):.1f} ms  errors {sum(errors.values())} {dict(errors) or ''}")
+    by_tens = [[ms for at, ms in timed if start <= at < start + 10]
+               for start in range(0, int(args.seconds), 10)]
+    print("  p99 by 10 s: " + ", ".join(f"{percentile(part, 99):.0f}" for part in by_tens if part)
+          + f" ms; 1-minute load average at the end {os.getloadavg()[0]:.1f}")
     print(f"abusers: {args.slow if 'slow' in args.attacks else 0} slow-body connections "
           f"(reconnecting), {streams} event streams, one token")
     for outcome, count in sorted(tally.outcomes.items()):
