@@ -70,6 +70,7 @@ TURN_ROUTES = frozenset({
     ("GET", f"{API_PREFIX}/mission/recent"),
     ("GET", f"{API_PREFIX}/mission/prompts"),
     ("GET", f"{API_PREFIX}/prompts/{{prompt_id:uuid}}"),
+    ("GET", f"{API_PREFIX}/jobs/{{job_id:uuid}}"),
     ("GET", f"{API_PREFIX}/responses/{{response_id:uuid}}"),
     ("GET", f"{API_PREFIX}/usage"),
     ("POST", f"{API_PREFIX}/session"),
