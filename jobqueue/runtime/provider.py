@@ -39,6 +39,7 @@ from jobqueue.runtime.provider_transport import (
     DeadlineHTTPConnection,
     DeadlineHTTPSConnection,
     DeadlineReader,
+    SourceAddresses,
     cut,
     environment_proxy,
     idle_socket_readable,
@@ -76,6 +77,7 @@ class Provider:
         headers: Mapping[str, str] | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         read_timeout: float = 0.0,
+        sources: SourceAddresses | None = None,
     ) -> None:
         """Checks the URL and the environment's proxy once.
 
@@ -88,6 +90,7 @@ class Provider:
             connect_timeout: longest wait for the TCP (and TLS, and proxy) connection.
             read_timeout: longest wait for the next bytes once the request is sent (0: only the
                 deadline); a streamed answer that keeps coming is never cut by it.
+            sources: local addresses new connections take in turn (None: the kernel's choice).
 
         Raises:
             ValueError: the URL or the proxy is unusable (the message names no password).
@@ -114,6 +117,7 @@ class Provider:
         self._connect_timeout = min(connect_timeout, timeout)
         self._read_timeout = read_timeout
         self._max_bytes = max_response_bytes
+        self._sources = sources
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          "User-Agent": "sa-core"}
         if api_key:
@@ -310,6 +314,8 @@ class Provider:
                 conn.set_tunnel(self._host, self._port, headers=self._tunnel_headers)
         else:
             conn = DeadlineHTTPConnection(host, port, timeout=timeout)
+        if self._sources is not None:
+            conn._create_connection = self._sources.connect
         # NOTE: the deadline bounds the proxy's CONNECT answer too.
         conn.deadline = deadline
         conn.read_timeout = self._read_timeout
@@ -340,17 +346,21 @@ class RoutedProviders:
     @classmethod
     def build(cls, routes: Routes, timeout: float, max_response_bytes: int,
               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-              read_timeout: float = 0.0) -> RoutedProviders:
+              read_timeout: float = 0.0,
+              source_addresses: tuple[str, ...] = ()) -> RoutedProviders:
         """Makes a client per route (its URL with its query, its auth header).
 
+        `source_addresses`: the local addresses every route's new connections take in turn.
+
         Raises:
-            ValueError: a route's URL or the environment's proxy is unusable.
+            ValueError: a route's URL, the environment's proxy or a source address is unusable.
         """
+        sources = SourceAddresses(source_addresses) if source_addresses else None
         return cls(routes, {route.name: Provider(route.url, "", timeout,
                                                  max_response_bytes=max_response_bytes,
                                                  headers=route.headers,
                                                  connect_timeout=connect_timeout,
-                                                 read_timeout=read_timeout)
+                                                 read_timeout=read_timeout, sources=sources)
                             for route in routes.routes})
 
     def for_model(self, model: str) -> tuple[Route, Provider] | None:
