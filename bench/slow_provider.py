@@ -1,13 +1,18 @@
 """An OpenAI-shaped provider that answers every call after a fixed delay, holding thousands at once.
 
 Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0] [--stream 0]
-       [--chunk-chars 0]
+       [--chunk-chars 0] [--host 127.0.0.1[,127.0.0.2...]] [--reuse-port]
 
 A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
 2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
 then measures the worker, not this server. Keep-alive HTTP/1.1, Content-Length bodies only. It
 prints `listening on PORT` once it is ready and reports calls answered (and connections) on
 SIGTERM.
+
+`--host` lists the addresses to listen on (the same port on each); `--reuse-port` lets several
+processes listen on the same addresses and port (SO_REUSEPORT: the kernel spreads new
+connections over them), so one provider address holds more connections than one process may
+hold descriptors (bench/llm_fleet.py).
 
 With `--stream N`, a call that asks for a streamed answer (`"stream": true` in its body) gets
 OpenAI's server-sent chunks (chunked transfer, keep-alive): the headers at once, then N chunks
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import signal
 import sys
 import time
@@ -113,18 +119,29 @@ class ProviderProtocol(asyncio.Protocol):
         self._transport = None
 
 
-async def serve(port: int, latency: float, stream: int = 0, chunk_chars: int = 0) -> None:
+async def serve(port: int, latency: float, stream: int = 0, chunk_chars: int = 0,
+                hosts: tuple[str, ...] = ("127.0.0.1",), reuse_port: bool = False) -> None:
     """Serves until SIGTERM or SIGINT; `stream` > 0 streams answers asked for as a stream."""
     loop = asyncio.get_running_loop()
     padding = "." * chunk_chars
-    server = await loop.create_server(lambda: ProviderProtocol(latency, stream, padding),
-                                      "127.0.0.1", port, backlog=4096)
+    # NOTE: each connection is a descriptor; the soft limit is often a twentieth of the hard one.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    servers = []
+    for host in hosts:
+        # NOTE: port 0 picks a port for the first address; the others listen on that one.
+        servers.append(await loop.create_server(
+            lambda: ProviderProtocol(latency, stream, padding), host, port, backlog=4096,
+            reuse_port=reuse_port or None))
+        port = servers[0].sockets[0].getsockname()[1]
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
+    print(f"listening on {port}", flush=True)
     await stop.wait()
-    server.close()
+    for server in servers:
+        server.close()
     print(f"answered {ProviderProtocol.answered} on {ProviderProtocol.connections} connections",
           file=sys.stderr, flush=True)
 
@@ -138,8 +155,13 @@ def main() -> None:
                         help="chunks per streamed answer (0: every answer is one JSON body)")
     parser.add_argument("--chunk-chars", type=int, default=0,
                         help="characters of padding in each streamed chunk")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="addresses to listen on, comma-separated (the same port on each)")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="share the port with other processes listening with this flag")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.latency, args.stream, args.chunk_chars))
+    asyncio.run(serve(args.port, args.latency, args.stream, args.chunk_chars,
+                      tuple(args.host.split(",")), args.reuse_port))
 
 
 if __name__ == "__main__":
