@@ -6,12 +6,14 @@ the reading of an answer in provider_answer.py.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import ssl
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -55,11 +57,14 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 class Provider:
-    """Calls `{base_url}/chat/completions` over one keep-alive connection per job (thread or greenlet).
+    """Calls `{base_url}/chat/completions` over keep-alive connections, one per call in flight.
 
     PERF: the stdlib client measured at about half urllib3's CPU per call and a thirtieth of
     httpx's at 1,024 calls in flight (docs/decisions.md); a
-    connection of its own per job means no pool lock to queue on. Safe to share between threads
+    connection of its own per call means no pool lock to queue on. Between calls a connection
+    waits on a stack that any thread takes from (a deque's append and pop need no lock), so the
+    connections open are the most calls ever in flight at once, not the job threads (of which
+    there are more, while finished calls wait for their finalize). Safe to share between threads
     and greenlets. An http:// proxy named by HTTPS_PROXY / HTTP_PROXY / ALL_PROXY is used unless
     NO_PROXY exempts the provider's host (https through a CONNECT tunnel, http by absolute URL).
 
@@ -126,6 +131,7 @@ class Provider:
             self._headers.update(proxy_headers)
         self._headers.update(headers or {})
         self._local = threading.local()
+        self._idle: deque[Connection] = deque()
         self._lock = threading.Lock()
         self._open: set[Connection] = set()
 
@@ -133,6 +139,7 @@ class Provider:
         """Closes every connection, waking any call still reading (it fails at once)."""
         with self._lock:
             connections, self._open = self._open, set()
+        self._idle.clear()
         for conn in connections:
             # NOTE: SIGTERM never waits on a provider that drips.
             if conn.sock is not None:
@@ -176,6 +183,8 @@ class Provider:
         finally:
             if control is not None:
                 control.detach()
+            # NOTE: only once detached: no late cut can reach the call that takes it next.
+            self._release()
         metrics.PROVIDER_REQUEST_SECONDS.labels(outcome="ok").observe(time.monotonic() - started)
         return completion
 
@@ -296,8 +305,12 @@ class Provider:
             yield line
 
     def _connection(self, deadline: float) -> Connection:
-        """This job's connection; a new one when there is none or the server has closed it."""
+        """This thread's connection, else an idle one; a new one when there is none or the server
+        has closed it."""
         conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            with contextlib.suppress(IndexError):
+                conn = self._local.conn = self._idle.pop()
         if conn is not None and conn.sock is not None and not idle_socket_readable(conn.sock):
             conn.deadline = deadline
             conn.read_timeout = self._read_timeout
@@ -324,6 +337,13 @@ class Provider:
         self._local.conn = conn
         conn.connect()
         return conn
+
+    def _release(self) -> None:
+        """Puts this thread's connection, if it kept one, on the stack for the next call."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            self._idle.append(conn)
 
     def _drop(self) -> None:
         """Closes and forgets this job's connection, if it has one."""
