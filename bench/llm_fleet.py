@@ -18,8 +18,9 @@ One fresh database holds C x (2 + seconds / latency) queued jobs, written in one
 50,000 before the workers start. The window opens at the first `succeeded` event (one latency
 after the start) and lasts `--seconds` (a multiple of the latency keeps whole rounds); jobs/s is
 the `succeeded` events stamped inside it, against the ideal C / latency. Printed per run: jobs/s
-and its fraction of the ideal, worker CPU per job over the window (and the providers'), the
-workers' RSS summed at the window's end (and their summed peaks), the provider connections by
+and its fraction of the ideal, worker CPU per job over the window (and the providers', and that
+of the Postgres backends serving the workers' sessions, WAL writer and checkpointer aside), the
+workers' RSS summed at the window's end (and how much it grew during the window), the provider connections by
 source address and the Postgres connections each worker process holds (both read from /proc: the
 processes' sockets in /proc/net/tcp), the database's sessions in pg_stat_activity, the attempts
 that failed inside the window, and the load average.
@@ -62,6 +63,9 @@ SELECT count(*) FROM sa_job_event
 """
 _FIRST_SUCCESS = "SELECT extract(epoch FROM min(at))::float8 FROM sa_job_event WHERE to_state = 'succeeded'"
 _SESSIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+# NOTE: the workers' sessions are pooled and kept, so their backends live through the window.
+_BACKENDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+             "AND pid <> pg_backend_pid()")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,27 +83,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 @dataclass
 class _Usage:
-    """CPU seconds and RSS of a set of processes at one moment."""
+    """CPU seconds and resident MiB of a set of processes at one moment."""
 
     cpu_s: float
     rss_mib: float
-    peak_mib: float
+
+
+def _cpu(pids: Sequence[int]) -> dict[int, float]:
+    """CPU seconds so far of each process still there."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+            found[pid] = (int(fields[11]) + int(fields[12])) / ticks
+    return found
 
 
 def _usage(pids: Sequence[int]) -> _Usage:
-    cpu = rss = peak = 0.0
-    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = sum(_cpu(pids).values())
+    rss = 0.0
     for pid in pids:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-        cpu += (int(fields[11]) + int(fields[12])) / ticks
         with open(f"/proc/{pid}/status") as status:
             for line in status:
                 if line.startswith("VmRSS:"):
                     rss += int(line.split()[1]) / 1024
-                elif line.startswith("VmHWM:"):
-                    peak += int(line.split()[1]) / 1024
-    return _Usage(cpu, rss, peak)
+    return _Usage(cpu, rss)
 
 
 def _tcp_peers(pid: int) -> list[tuple[str, int, str, int]]:
@@ -218,6 +227,7 @@ def _one_run(args: argparse.Namespace) -> list[str]:
                 first = db.execute(_FIRST_SUCCESS).fetchone()[0]  # type: ignore[index]
             before_w = _usage([w.pid for w in workers])
             before_p = _usage([p.pid for p in providers])
+            before_db = _cpu([row[0] for row in db.execute(_BACKENDS).fetchall()])
             loads = [os.getloadavg()[0]]
             end = first + args.seconds
             time.sleep(max(0.0, first + args.seconds / 2 - time.time()))
@@ -227,6 +237,7 @@ def _one_run(args: argparse.Namespace) -> list[str]:
             time.sleep(max(0.0, end - time.time()))
             after_w = _usage([w.pid for w in workers])
             after_p = _usage([p.pid for p in providers])
+            after_db = _cpu(list(before_db))
             loads.append(os.getloadavg()[0])
             _alive([*workers, *providers])
             window = {"start": first, "end": end}
@@ -237,11 +248,13 @@ def _one_run(args: argparse.Namespace) -> list[str]:
     rate = done / args.seconds
     cpu_ms = (after_w.cpu_s - before_w.cpu_s) * 1000 / max(done, 1)
     provider_ms = (after_p.cpu_s - before_p.cpu_s) * 1000 / max(done, 1)
+    db_ms = sum(after_db[pid] - before_db[pid] for pid in after_db) * 1000 / max(done, 1)
     print(f"  provider connections by source: {dict(sorted(by_source.items()))}", file=sys.stderr)
     return [f"{args.workers} x {args.inflight // args.workers:,}",
             f"{args.provider_procs} @ {args.provider_addresses}", str(args.source_addresses),
-            f"{sum(by_source.values()):,}", f"{rate:,.0f}", f"{rate * args.latency / args.inflight:.0%}",
-            f"{cpu_ms:.2f}", f"{provider_ms:.2f}", f"{after_w.rss_mib:,.0f}", f"{after_w.peak_mib:,.0f}",
+            f"{sum(by_source.values()):,}", f"{rate:,.0f}",
+            f"{rate * args.latency / args.inflight:.0%}", f"{cpu_ms:.2f}", f"{provider_ms:.2f}",
+            f"{db_ms:.2f}", f"{after_w.rss_mib:,.0f}", f"{after_w.rss_mib - before_w.rss_mib:+,.0f}",
             f"{after_p.rss_mib:,.0f}", "+".join(map(str, postgres)), str(sessions), str(failed),
             "-".join(f"{x:.1f}" for x in loads)]
 
@@ -256,11 +269,11 @@ def run_fleet(args: argparse.Namespace) -> None:
     print(f"descriptors per process: soft {soft}, hard {hard}; ephemeral ports {low}-{high} "
           f"({high - low + 1:,} per source address and provider address); "
           f"provider: bench/slow_provider.py answering after {args.latency:g} s; window "
-          f"{args.seconds:g} s from the first success", flush=True)
-    head = ["workers x slots", "provider procs @ addrs", "sources", "provider conns", "jobs/s",
-            "of C/latency", "worker CPU ms/job", "provider CPU ms/job", "workers RSS MiB",
-            "peak MiB", "provider RSS MiB", "PG conns per worker", "PG sessions", "failed",
-            "load"]
+          f"{args.seconds:g} s from the first success. provider: processes @ addresses; "
+          "ms/job: CPU; PG conns: each worker's, from /proc", flush=True)
+    head = ["workers", "provider", "sources", "provider conns", "jobs/s", "of ideal",
+            "worker ms/job", "provider ms/job", "PG ms/job", "workers RSS MiB", "in window",
+            "provider MiB", "PG conns", "PG sessions", "failed", "load"]
     rows = [head]
     for _ in range(args.repeat):
         rows.append(_one_run(args))
