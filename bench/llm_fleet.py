@@ -62,6 +62,10 @@ SELECT count(*) FROM sa_job_event
    AND at >= to_timestamp(%(start)s) AND at < to_timestamp(%(end)s)
 """
 _FIRST_SUCCESS = "SELECT extract(epoch FROM min(at))::float8 FROM sa_job_event WHERE to_state = 'succeeded'"
+_TOP_ERROR = """
+SELECT error_message, count(*) AS n FROM sa_job WHERE error_message IS NOT NULL
+ GROUP BY 1 ORDER BY n DESC LIMIT 1
+"""
 _SESSIONS = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
 # NOTE: the workers' sessions are pooled and kept, so their backends live through the window.
 _BACKENDS = ("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
@@ -243,6 +247,7 @@ def _one_run(args: argparse.Namespace) -> list[str]:
             window = {"start": first, "end": end}
             done = db.execute(_SUCCEEDED_IN, window).fetchone()[0]  # type: ignore[index]
             failed = db.execute(_FAILED_IN, window).fetchone()[0]  # type: ignore[index]
+            top_error = db.execute(_TOP_ERROR).fetchone()
     by_source = Counter(local for conns in peers for local, _, _, rport in conns if rport == port)
     postgres = [sum(1 for _, _, _, rport in conns if rport == 5432) for conns in peers]
     rate = done / args.seconds
@@ -250,6 +255,8 @@ def _one_run(args: argparse.Namespace) -> list[str]:
     provider_ms = (after_p.cpu_s - before_p.cpu_s) * 1000 / max(done, 1)
     db_ms = sum(after_db[pid] - before_db[pid] for pid in after_db) * 1000 / max(done, 1)
     print(f"  provider connections by source: {dict(sorted(by_source.items()))}", file=sys.stderr)
+    if top_error is not None:
+        print(f"  most frequent error ({top_error[1]} jobs): {top_error[0]}", file=sys.stderr)
     return [f"{args.workers} x {args.inflight // args.workers:,}",
             f"{args.provider_procs} @ {args.provider_addresses}", str(args.source_addresses),
             f"{sum(by_source.values()):,}", f"{rate:,.0f}",
