@@ -1,10 +1,12 @@
-"""SA_PROVIDER_SOURCE_ADDRESSES over real HTTP: new provider connections take the listed local
-addresses in turn (past one address's ephemeral ports), and a bad list stops the worker at start."""
+"""Past one address and one process's descriptors: SA_PROVIDER_SOURCE_ADDRESSES over real HTTP (new
+provider connections take the listed local addresses in turn; a bad list stops the worker at
+start), and the worker's descriptor limit raised and checked against its concurrency."""
 
 from __future__ import annotations
 
 import http.server
 import json
+import resource
 import socketserver
 import threading
 from collections.abc import Callable, Iterator
@@ -127,3 +129,19 @@ def test_a_source_address_the_host_cannot_send_from_stops_the_worker_with_one_li
     assert cli(["run-worker", "--once"]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1
+
+
+def test_a_concurrency_the_descriptor_limit_cannot_hold_is_warned_of_at_start(
+    recording: _RecordingServer, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], cli: Callable[[list[str]], int],
+) -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    concurrency = hard if hard != resource.RLIM_INFINITY else 1 << 21
+    monkeypatch.setenv("SA_PROVIDER_URL", recording.url)
+    assert cli(["run-worker", "--once", "--concurrency", str(concurrency)]) == 0
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    warning = next(json.loads(line) for line in capsys.readouterr().err.splitlines()
+                   if "worker.descriptors_short" in line)
+    # NOTE: the soft limit was raised to the hard one first; even that leaves no room to spare.
+    assert soft == hard or hard == resource.RLIM_INFINITY
+    assert warning["limit"] == soft and warning["concurrency"] == concurrency
