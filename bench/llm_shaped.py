@@ -2,6 +2,8 @@
 
 Usage: .venv/bin/python -m bench.llm_shaped [--inflight 64,256,1024,2048] [--seconds 8]
        [--latency 1.0] [--stream 0] [--only sa-core,sa-core-threads,pgqueuer,oban]
+       .venv/bin/python -m bench.llm_shaped --workers 3 --inflight 30000 --latency 30 --seconds 90
+       [--provider-procs 3] [--provider-addresses 1] [--source-addresses 3] [--repeat 1]
 
 One provider (bench/slow_provider.py: raw asyncio, answers every call after `--latency`
 seconds) serves every run. For each in-flight count C, each contender gets a fresh database
@@ -19,6 +21,10 @@ worker and enqueuer in one process, so its figures cover the burn-down part of t
 each answer as N chunks spread over those S seconds and the worker's route ask for streamed
 answers, so every job writes its text while it arrives (SA_STREAM_INTERVAL): the cost of
 streaming is the CPU per job against a run without `--stream`.
+
+`--workers N` is the multi-process mode (bench/llm_fleet.py): sa-core only, one in-flight count
+shared by N worker processes, the provider on several processes and addresses, measured in
+steady state over `--seconds` from the first answer.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 import structlog
 
 from bench.common import format_table, start_slow_provider
+from bench.llm_fleet import add_arguments, run_fleet
 from bench.peers import Contender, contenders, machine_header, prepare, run_once
 from jobqueue.devtools.embedded_db import admin_conninfo
 
@@ -93,9 +100,14 @@ def main() -> None:
     parser.add_argument("--only", default=",".join(CONTENDERS))
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per child run")
     parser.add_argument("--reinstall", action="store_true", help="rebuild the cached venvs")
+    add_arguments(parser)
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    if args.workers:
+        args.inflight = int(args.inflight)
+        run_fleet(args)
+        return
     known = {c.name: c for c in [*contenders(), THREADS] if c.name in CONTENDERS}
     rows = [known[name.strip()] for name in args.only.split(",") if name.strip()]
     if args.stream and any(not row.name.startswith("sa-core") for row in rows):

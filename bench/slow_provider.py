@@ -1,13 +1,22 @@
 """An OpenAI-shaped provider that answers every call after a fixed delay, holding thousands at once.
 
 Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0] [--stream 0]
-       [--chunk-chars 0]
+       [--chunk-chars 0] [--host 127.0.0.1[,127.0.0.2...]] [--reuse-port] [--http2]
 
 A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
 2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
 then measures the worker, not this server. Keep-alive HTTP/1.1, Content-Length bodies only. It
 prints `listening on PORT` once it is ready and reports calls answered (and connections) on
 SIGTERM.
+
+`--host` lists the addresses to listen on (the same port on each); `--reuse-port` lets several
+processes listen on the same addresses and port (SO_REUSEPORT: the kernel spreads new
+connections over them), so one provider address holds more connections than one process may
+hold descriptors (bench/llm_fleet.py).
+
+`--http2` speaks HTTP/2 in clear text instead (prior knowledge, the `h2` package, which the
+project's venv does not carry): every stream is answered after `latency`, unstreamed, for
+bench/client_models.py's `h2` client.
 
 With `--stream N`, a call that asks for a streamed answer (`"stream": true` in its body) gets
 OpenAI's server-sent chunks (chunked transfer, keep-alive): the headers at once, then N chunks
@@ -22,11 +31,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import signal
 import sys
 import time
+from collections.abc import Callable
 
-__all__ = ["ProviderProtocol", "main", "serve"]
+__all__ = ["H2ProviderProtocol", "ProviderProtocol", "main", "serve"]
 
 _ANSWER = json.dumps({
     "id": "chatcmpl-bench", "object": "chat.completion", "model": "bench-model",
@@ -44,6 +55,56 @@ _LAST = (b'data: {"id":"chatcmpl-bench","object":"chat.completion.chunk","model"
          b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],'
          b'"usage":{"prompt_tokens":12,"completion_tokens":20,"total_tokens":32}}\n\n'
          b"data: [DONE]\n\n")
+
+
+class H2ProviderProtocol(asyncio.Protocol):
+    """One HTTP/2 connection: answers each stream `latency` seconds after its request ended."""
+
+    answered = 0
+
+    def __init__(self, latency: float) -> None:
+        import h2.config
+        import h2.connection
+        import h2.settings
+
+        self._latency = latency
+        self._conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        # NOTE: wide windows, as large providers advertise: a burst of requests never waits for
+        # a WINDOW_UPDATE.
+        self._conn.local_settings = h2.settings.Settings(client=False, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 1_000_000,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 1 << 24})
+        self._transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+        self._conn.initiate_connection()
+        self._conn.increment_flow_control_window(1 << 30)
+        transport.write(self._conn.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        import h2.events
+
+        for event in self._conn.receive_data(data):
+            if isinstance(event, h2.events.DataReceived):
+                self._conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            elif isinstance(event, h2.events.StreamEnded):
+                asyncio.get_running_loop().call_later(self._latency, self._answer, event.stream_id)
+        if self._transport is not None:
+            self._transport.write(self._conn.data_to_send())
+
+    def _answer(self, stream: int) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._conn.send_headers(stream, [(":status", "200"), ("content-type", "application/json"),
+                                         ("content-length", str(len(_ANSWER)))])
+        self._conn.send_data(stream, _ANSWER, end_stream=True)
+        self._transport.write(self._conn.data_to_send())
+        H2ProviderProtocol.answered += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._transport = None
 
 
 def _chunked(event: bytes) -> bytes:
@@ -113,18 +174,32 @@ class ProviderProtocol(asyncio.Protocol):
         self._transport = None
 
 
-async def serve(port: int, latency: float, stream: int = 0, chunk_chars: int = 0) -> None:
+async def serve(port: int, latency: float, stream: int = 0, chunk_chars: int = 0,
+                hosts: tuple[str, ...] = ("127.0.0.1",), reuse_port: bool = False,
+                http2: bool = False) -> None:
     """Serves until SIGTERM or SIGINT; `stream` > 0 streams answers asked for as a stream."""
     loop = asyncio.get_running_loop()
     padding = "." * chunk_chars
-    server = await loop.create_server(lambda: ProviderProtocol(latency, stream, padding),
-                                      "127.0.0.1", port, backlog=4096)
+    # NOTE: each connection is a descriptor; the soft limit is often a twentieth of the hard one.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    servers = []
+    for host in hosts:
+        # NOTE: port 0 picks a port for the first address; the others listen on that one.
+        factory: Callable[[], asyncio.Protocol] = (
+            (lambda: H2ProviderProtocol(latency)) if http2
+            else (lambda: ProviderProtocol(latency, stream, padding)))
+        servers.append(await loop.create_server(factory, host, port, backlog=4096,
+                                                reuse_port=reuse_port or None))
+        port = servers[0].sockets[0].getsockname()[1]
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    print(f"listening on {server.sockets[0].getsockname()[1]}", flush=True)
+    print(f"listening on {port}", flush=True)
     await stop.wait()
-    server.close()
+    for server in servers:
+        server.close()
     print(f"answered {ProviderProtocol.answered} on {ProviderProtocol.connections} connections",
           file=sys.stderr, flush=True)
 
@@ -138,8 +213,15 @@ def main() -> None:
                         help="chunks per streamed answer (0: every answer is one JSON body)")
     parser.add_argument("--chunk-chars", type=int, default=0,
                         help="characters of padding in each streamed chunk")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="addresses to listen on, comma-separated (the same port on each)")
+    parser.add_argument("--reuse-port", action="store_true",
+                        help="share the port with other processes listening with this flag")
+    parser.add_argument("--http2", action="store_true",
+                        help="speak HTTP/2 in clear text (needs the h2 package)")
     args = parser.parse_args()
-    asyncio.run(serve(args.port, args.latency, args.stream, args.chunk_chars))
+    asyncio.run(serve(args.port, args.latency, args.stream, args.chunk_chars,
+                      tuple(args.host.split(",")), args.reuse_port, args.http2))
 
 
 if __name__ == "__main__":

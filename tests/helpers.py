@@ -200,7 +200,8 @@ class WorkerHarness:
         self.providers = RoutedProviders.build(settings.routes, settings.provider_timeout,
                                                settings.provider_max_response_bytes,
                                                settings.provider_connect_timeout,
-                                               settings.provider_read_timeout)
+                                               settings.provider_read_timeout,
+                                               settings.provider_source_addresses)
         self._running: list[tuple[Worker, threading.Thread]] = []
         self._parts: list[AssembledWorker] = []
 

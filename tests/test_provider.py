@@ -464,3 +464,19 @@ def test_streamed_answers_are_read_whole_and_their_connection_serves_the_next_ca
         provider.close()
         server.close()
     assert server.connections == 1
+
+
+def test_a_connection_a_thread_is_done_with_serves_the_next_thread() -> None:
+    with FakeProvider() as fake:
+        provider = Provider(fake.url, "", 5.0)
+        answers: list[str] = []
+        # NOTE: one thread after another, as job threads waiting on their finalize while others
+        # call: one call in flight at a time needs one connection, whatever the threads.
+        for _ in range(4):
+            thread = threading.Thread(
+                target=lambda: answers.append(provider.complete("m", MESSAGES).content))
+            thread.start()
+            thread.join()
+        connections = len(provider._open)
+        provider.close()
+    assert len(answers) == 4 and connections == 1

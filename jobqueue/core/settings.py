@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import os
 from collections.abc import Mapping
@@ -172,6 +173,19 @@ def _origins(env: Mapping[str, str], name: str) -> tuple[str, ...]:
     return origins
 
 
+def _addresses(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    """Parses a comma-separated list of IP addresses (IPv4 or IPv6 literals, no host names)."""
+    addresses = tuple(part.strip() for part in env.get(name, "").split(",") if part.strip())
+    for address in addresses:
+        try:
+            ipaddress.ip_address(address)
+        except ValueError:
+            raise SettingsError(f"{name}: {address!r} is not an IP address like 127.0.0.2") from None
+    if len(set(addresses)) < len(addresses):
+        raise SettingsError(f"{name}: an address is listed twice")
+    return addresses
+
+
 DEFAULT_NOTIFY_INTERVAL = 0.01
 """Seconds over which a process coalesces its wake-up notifications (see jobqueue/core/wakeup.py)."""
 
@@ -247,6 +261,7 @@ class Settings:
     provider_read_timeout: float = 0.0
     provider_max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES
     provider_routes: tuple[Route, ...] = ()
+    provider_source_addresses: tuple[str, ...] = ()
     heartbeat_interval: float = 30.0
     cancel_check_interval: float = 0.5
     stale_after: float = 300.0
@@ -354,6 +369,7 @@ class Settings:
             provider_max_response_bytes=_int(env, "SA_PROVIDER_MAX_RESPONSE_BYTES",
                                              DEFAULT_MAX_RESPONSE_BYTES),
             provider_routes=routes,
+            provider_source_addresses=_addresses(env, "SA_PROVIDER_SOURCE_ADDRESSES"),
             heartbeat_interval=_float(env, "SA_HEARTBEAT_INTERVAL", 30.0),
             cancel_check_interval=_float(env, "SA_CANCEL_CHECK_INTERVAL", 0.5),
             stale_after=_float(env, "SA_STALE_AFTER", 300.0),

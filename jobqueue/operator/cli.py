@@ -38,7 +38,7 @@ from jobqueue.operator.cli_pool import Answer, fail, print_answer, with_cli_pool
 from jobqueue.operator.client_commands import add_client_commands, priority_arg
 from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
-from jobqueue.runtime.assembly import assemble_worker, worker_config
+from jobqueue.runtime.assembly import assemble_worker, open_descriptors, worker_config
 from jobqueue.runtime.batch_keeper import BatchKeeper
 from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker
@@ -102,6 +102,7 @@ def _run_worker(args: argparse.Namespace) -> int:
                          "(try `sa-core fake-provider`)")
     config = worker_config(settings, concurrency=args.concurrency, batch_size=args.batch_size,
                            priority_ceiling=args.priority_ceiling)
+    open_descriptors(config.concurrency)
     figures = ProcessFigures()
     # NOTE: the direct URL's users (LISTEN, the maintenance session) reconnect in the background
     # and would retry a refusal for good for ever.

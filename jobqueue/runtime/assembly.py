@@ -8,9 +8,11 @@ opened itself, it closes.
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.db import DictConnection, open_pool
@@ -26,11 +28,37 @@ from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.streaming import DeltaWriter
 from jobqueue.runtime.worker import Worker, WorkerConfig
 
-__all__ = ["AssembledWorker", "assemble_worker", "worker_config"]
+__all__ = ["AssembledWorker", "assemble_worker", "open_descriptors", "worker_config"]
 
 # NOTE: job slots never hold a connection: the claim loop, the heartbeat, the completer and the
 # delta writer each borrow one for a statement, whatever the concurrency.
 _POOL_SIZE = 5
+# NOTE: descriptors a worker holds besides its slots' provider sockets (database sessions, the
+# hub, logs, the metrics server), with room to spare.
+_SPARE_DESCRIPTORS = 100
+
+
+def open_descriptors(concurrency: int) -> tuple[int, int]:
+    """Raises the process's soft descriptor limit to its hard one; returns both.
+
+    Each job slot holds a provider socket of its own, so a worker past the soft limit (often
+    1,024) fails calls with EMFILE while the hard limit would have let it run. Logs a warning
+    when even the hard limit leaves too few for `concurrency`: more processes are the way past.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1_048_576)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass
+    if concurrency + _SPARE_DESCRIPTORS > soft:
+        structlog.get_logger(__name__).warning(
+            "worker.descriptors_short", concurrency=concurrency, limit=soft, hard_limit=hard,
+            hint="each slot holds a provider connection: lower --concurrency and run more "
+                 "worker processes, or raise the hard limit (LimitNOFILE= in the unit)")
+    return soft, hard
 
 
 def worker_config(settings: Settings, **overrides: Any) -> WorkerConfig:
@@ -102,7 +130,8 @@ def assemble_worker(
     """
     built = providers or RoutedProviders.build(
         settings.routes, settings.provider_timeout, settings.provider_max_response_bytes,
-        settings.provider_connect_timeout, settings.provider_read_timeout)
+        settings.provider_connect_timeout, settings.provider_read_timeout,
+        settings.provider_source_addresses)
     try:
         opened = pool or open_pool(settings.worker_database_url, name="worker",
                                    max_size=_POOL_SIZE, prepare=settings.prepared_statements)

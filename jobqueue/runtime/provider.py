@@ -6,12 +6,14 @@ the reading of an answer in provider_answer.py.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import ssl
 import threading
 import time
 import urllib.parse
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -39,6 +41,7 @@ from jobqueue.runtime.provider_transport import (
     DeadlineHTTPConnection,
     DeadlineHTTPSConnection,
     DeadlineReader,
+    SourceAddresses,
     cut,
     environment_proxy,
     idle_socket_readable,
@@ -54,11 +57,14 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 class Provider:
-    """Calls `{base_url}/chat/completions` over one keep-alive connection per job (thread or greenlet).
+    """Calls `{base_url}/chat/completions` over keep-alive connections, one per call in flight.
 
     PERF: the stdlib client measured at about half urllib3's CPU per call and a thirtieth of
     httpx's at 1,024 calls in flight (docs/decisions.md); a
-    connection of its own per job means no pool lock to queue on. Safe to share between threads
+    connection of its own per call means no pool lock to queue on. Between calls a connection
+    waits on a stack that any thread takes from (a deque's append and pop need no lock), so the
+    connections open are the most calls ever in flight at once, not the job threads (of which
+    there are more, while finished calls wait for their finalize). Safe to share between threads
     and greenlets. An http:// proxy named by HTTPS_PROXY / HTTP_PROXY / ALL_PROXY is used unless
     NO_PROXY exempts the provider's host (https through a CONNECT tunnel, http by absolute URL).
 
@@ -76,6 +82,7 @@ class Provider:
         headers: Mapping[str, str] | None = None,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         read_timeout: float = 0.0,
+        sources: SourceAddresses | None = None,
     ) -> None:
         """Checks the URL and the environment's proxy once.
 
@@ -88,6 +95,7 @@ class Provider:
             connect_timeout: longest wait for the TCP (and TLS, and proxy) connection.
             read_timeout: longest wait for the next bytes once the request is sent (0: only the
                 deadline); a streamed answer that keeps coming is never cut by it.
+            sources: local addresses new connections take in turn (None: the kernel's choice).
 
         Raises:
             ValueError: the URL or the proxy is unusable (the message names no password).
@@ -114,6 +122,7 @@ class Provider:
         self._connect_timeout = min(connect_timeout, timeout)
         self._read_timeout = read_timeout
         self._max_bytes = max_response_bytes
+        self._sources = sources
         self._headers = {"Content-Type": "application/json", "Accept": "application/json",
                          "User-Agent": "sa-core"}
         if api_key:
@@ -122,6 +131,7 @@ class Provider:
             self._headers.update(proxy_headers)
         self._headers.update(headers or {})
         self._local = threading.local()
+        self._idle: deque[Connection] = deque()
         self._lock = threading.Lock()
         self._open: set[Connection] = set()
 
@@ -129,6 +139,7 @@ class Provider:
         """Closes every connection, waking any call still reading (it fails at once)."""
         with self._lock:
             connections, self._open = self._open, set()
+        self._idle.clear()
         for conn in connections:
             # NOTE: SIGTERM never waits on a provider that drips.
             if conn.sock is not None:
@@ -172,6 +183,8 @@ class Provider:
         finally:
             if control is not None:
                 control.detach()
+            # NOTE: only once detached: no late cut can reach the call that takes it next.
+            self._release()
         metrics.PROVIDER_REQUEST_SECONDS.labels(outcome="ok").observe(time.monotonic() - started)
         return completion
 
@@ -292,8 +305,12 @@ class Provider:
             yield line
 
     def _connection(self, deadline: float) -> Connection:
-        """This job's connection; a new one when there is none or the server has closed it."""
+        """This thread's connection, else an idle one; a new one when there is none or the server
+        has closed it."""
         conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            with contextlib.suppress(IndexError):
+                conn = self._local.conn = self._idle.pop()
         if conn is not None and conn.sock is not None and not idle_socket_readable(conn.sock):
             conn.deadline = deadline
             conn.read_timeout = self._read_timeout
@@ -310,6 +327,8 @@ class Provider:
                 conn.set_tunnel(self._host, self._port, headers=self._tunnel_headers)
         else:
             conn = DeadlineHTTPConnection(host, port, timeout=timeout)
+        if self._sources is not None:
+            conn._create_connection = self._sources.connect
         # NOTE: the deadline bounds the proxy's CONNECT answer too.
         conn.deadline = deadline
         conn.read_timeout = self._read_timeout
@@ -318,6 +337,13 @@ class Provider:
         self._local.conn = conn
         conn.connect()
         return conn
+
+    def _release(self) -> None:
+        """Puts this thread's connection, if it kept one, on the stack for the next call."""
+        conn: Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            self._local.conn = None
+            self._idle.append(conn)
 
     def _drop(self) -> None:
         """Closes and forgets this job's connection, if it has one."""
@@ -340,17 +366,21 @@ class RoutedProviders:
     @classmethod
     def build(cls, routes: Routes, timeout: float, max_response_bytes: int,
               connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-              read_timeout: float = 0.0) -> RoutedProviders:
+              read_timeout: float = 0.0,
+              source_addresses: tuple[str, ...] = ()) -> RoutedProviders:
         """Makes a client per route (its URL with its query, its auth header).
 
+        `source_addresses`: the local addresses every route's new connections take in turn.
+
         Raises:
-            ValueError: a route's URL or the environment's proxy is unusable.
+            ValueError: a route's URL, the environment's proxy or a source address is unusable.
         """
+        sources = SourceAddresses(source_addresses) if source_addresses else None
         return cls(routes, {route.name: Provider(route.url, "", timeout,
                                                  max_response_bytes=max_response_bytes,
                                                  headers=route.headers,
                                                  connect_timeout=connect_timeout,
-                                                 read_timeout=read_timeout)
+                                                 read_timeout=read_timeout, sources=sources)
                             for route in routes.routes})
 
     def for_model(self, model: str) -> tuple[Route, Provider] | None:

@@ -10,6 +10,8 @@ import base64
 import contextlib
 import http.client
 import io
+import ipaddress
+import itertools
 import math
 import select
 import socket
@@ -17,16 +19,20 @@ import ssl
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jobqueue.core.redact import redact
 
 __all__ = ["Connection", "DeadlineHTTPConnection", "DeadlineHTTPSConnection", "DeadlineReader",
-           "cut",
+           "SourceAddresses", "cut",
            "environment_proxy", "idle_socket_readable", "proxy_authorization", "remaining"]
 
-_READ_BUFFER = 65536
+# PERF: every call waiting for its answer holds this buffer (allocated with the response, before
+# a byte arrives); at 10,000 calls in flight 64 KiB buffers held 120 MiB more per worker and let
+# its RSS climb with every round of calls (docs/performance.md). An answer larger than the buffer
+# is read past it, straight into its bytes.
+_READ_BUFFER = 8192
 
 
 class DeadlineReader(io.RawIOBase):
@@ -117,6 +123,9 @@ class DeadlineHTTPConnection(http.client.HTTPConnection):
 
     deadline: float = math.inf
     read_timeout: float = 0.0
+    # NOTE: http.client opens its socket through this (undeclared in its stubs); SourceAddresses
+    # replaces it.
+    _create_connection: Callable[..., socket.socket]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -128,6 +137,7 @@ class DeadlineHTTPSConnection(http.client.HTTPSConnection):
 
     deadline: float = math.inf
     read_timeout: float = 0.0
+    _create_connection: Callable[..., socket.socket]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -135,6 +145,70 @@ class DeadlineHTTPSConnection(http.client.HTTPSConnection):
 
 
 Connection = DeadlineHTTPConnection | DeadlineHTTPSConnection
+
+
+class SourceAddresses:
+    """Local addresses that a client's new connections take in turn (SA_PROVIDER_SOURCE_ADDRESSES).
+
+    NOTE: the kernel tells connections to one provider address and port apart by their source
+    address and port, so one source address reaches one provider port over at most the
+    ephemeral range (about 28,000 on Linux); each more source address adds that many again.
+    """
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        """Checks that this host can send from every address.
+
+        Raises:
+            ValueError: an entry is not an IP address, or not one of this host's.
+        """
+        self.addresses = tuple(addresses)
+        for address in self.addresses:
+            try:
+                family = _family(address)
+            except ValueError:
+                raise ValueError(f"SA_PROVIDER_SOURCE_ADDRESSES: {address!r} is not an IP "
+                                 "address") from None
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                try:
+                    probe.bind((address, 0))
+                except OSError as exc:
+                    raise ValueError(f"SA_PROVIDER_SOURCE_ADDRESSES: cannot send from {address} "
+                                     f"({exc.strerror}): not an address of this host") from None
+        self._turn = itertools.cycle(self.addresses)
+
+    def connect(self, address: tuple[str, int], timeout: float | None,
+                source_address: object = None) -> socket.socket:
+        """Opens a TCP connection to `address` from the next source address (http.client's
+        `_create_connection`; its own `source_address` is never set here).
+
+        Raises:
+            OSError: no address of `host` of the source's family answered.
+        """
+        source = next(self._turn)
+        family = _family(source)
+        host, port = address
+        error: OSError | None = None
+        for _, kind, proto, _, target in socket.getaddrinfo(host, port, family, socket.SOCK_STREAM):
+            sock = socket.socket(family, kind, proto)
+            try:
+                # PERF: the port is chosen at connect, for this provider address alone; bound
+                # first, it would have to be free towards every address, which caps a source
+                # address at one ephemeral range in all.
+                with contextlib.suppress(AttributeError, OSError):
+                    sock.setsockopt(socket.IPPROTO_IP, socket.IP_BIND_ADDRESS_NO_PORT, 1)
+                sock.bind((source, 0))
+                sock.settimeout(timeout)
+                sock.connect(target)
+                return sock
+            except OSError as exc:
+                sock.close()
+                error = exc
+        raise error or OSError(f"{host} has no address of the family of {source}")
+
+
+def _family(address: str) -> socket.AddressFamily:
+    """AF_INET or AF_INET6, as the literal `address` is; raises ValueError for anything else."""
+    return socket.AF_INET6 if ipaddress.ip_address(address).version == 6 else socket.AF_INET
 
 
 def cut(sock: socket.socket) -> None:

@@ -289,8 +289,9 @@ class Worker:
     def _start_runner(self) -> None:
         """Adds a job thread; called only when none is idle.
 
-        PERF: job threads outlive their jobs, so a job costs no thread start and each thread keeps
-        its provider connection. An abandoned job's thread stays busy until its cut call
+        PERF: job threads outlive their jobs, so a job costs no thread start; a provider
+        connection goes from call to call, whichever thread makes it (provider.py), so threads
+        waiting on their finalize hold none. An abandoned job's thread stays busy until its cut call
         returns (at once, unless the provider's connect is still pending), so the pool may grow
         past `concurrency` by the number of such calls.
         """
