@@ -199,6 +199,9 @@ class SubmitGroup:
             # alone, by its own request, and gets the answer that request deserves.
             for item in group:
                 item.alone = True
+        except Exception as exc:
+            for item in group:
+                item.error = exc
         finally:
             for item in group[1:]:
                 item.done.set()
