@@ -39,7 +39,11 @@ GROUP_WAIT = 30.0
 
 
 class GroupWaitTimeout(psycopg.OperationalError):
-    """The write carrying a submit did not end within GROUP_WAIT (answered like a database outage)."""
+    """The write carrying a submit did not end within GROUP_WAIT.
+
+    NOTE: an OperationalError, so the app answers it as the database outage it nearly always is
+    (503 with Retry-After), never as a bug.
+    """
 
 
 def is_plain(submission: Submission, *, idempotency_key: str | None, max_queued: int) -> bool:
@@ -83,9 +87,10 @@ class SubmitGroup:
 
     Guarantees are the single submit's: each submit is answered once its own rows are committed
     (202), with its own ids, and logs its own `job.enqueued` line in its own request context;
-    budgets are checked for each before it joins. A group the database refuses (anything but a
-    lost connection, which `reconnecting` retries) is written again one submit at a time, so
-    each gets its own answer and none fails for another's sake.
+    budgets are checked for each before it joins. A group whose rows the database refuses is
+    written again one submit at a time, so each gets its own answer and none fails for another's
+    sake; an outage (a lost connection `reconnecting` could not save, a timeout) is every
+    member's answer, a 503, as it would have been each one's alone.
 
     Works with gevent's patched primitives (the Procfile's web) and with threads alike.
     """
@@ -93,6 +98,18 @@ class SubmitGroup:
     def __init__(self, pool: ConnectionPool[DictConnection], *, writers: int = WRITERS,
                  max_group: int = GROUP_MAX, wait: float = GROUP_WAIT,
                  on_write: Callable[[int], None] | None = None) -> None:
+        """Creates the process's group (one per web app).
+
+        Args:
+            pool: the web's pool; a write holds one connection.
+            writers: writes run at once; more submits wait and are grouped.
+            max_group: submits written by one statement at most.
+            wait: seconds a submit waits for a write to take it, then for that write to end.
+            on_write: called with the number of submits after each write (tests).
+
+        Raises:
+            ValueError: `writers` or `max_group` under 1, or `wait` not positive.
+        """
         if writers < 1 or max_group < 1 or wait <= 0:
             raise ValueError("writers and max_group must be >= 1, wait > 0")
         self._pool = pool
