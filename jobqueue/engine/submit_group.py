@@ -80,10 +80,11 @@ class SubmitGroup:
     the oldest waiting one, which writes every waiting submit of the same caller (up to
     `max_group`) in one statement (PROMPT_INSERT_WITH_JOB_MANY) and one commit.
 
-    PERF: Postgres spends about 260 us per prompt written alone, 95 us each in a group of four
-    and 60 us in one of eight (the web's own side: 100, 44 and 27 us), and a group wakes one
-    backend instead of one per submit, which is what a loaded machine runs short of (POST /prompt
-    waited for a CPU longer than it ran: docs/performance.md, Sustained arrivals).
+    PERF: Postgres spends about 240 us per prompt written alone, 95 us each in a group of four
+    and 60 us in one of eight (the web's own side: 100, 44 and 25 us; bench/group_commit.py),
+    and a group wakes one backend instead of one per submit, which is what a loaded machine runs
+    short of (POST /prompt waited for a CPU longer than it ran: docs/performance.md, Sustained
+    arrivals).
 
     Guarantees are the single submit's: each submit is answered once its own rows are committed
     (202), with its own ids, and logs its own `job.enqueued` line in its own request context;
