@@ -10,25 +10,32 @@ fake-provider` answering at once (or, with `--latency`, bench/slow_provider.py a
 call after that many seconds, as an LLM does), on a scratch database. The load comes from one
 child process (this module with `--generate`) that reuses bench/enqueue_rates.py's one-thread
 selector driver with prepared request bytes, so the producer costs a few tens of microseconds per
-request and leaves the two cores to the server. It is open loop: request i is due at t0 + i/rate,
-latency runs from that due time (a request waiting for a free connection is charged for the wait).
+request and leaves the two cores to the server. It is open loop and light: request i is due at
+t0 + i/rate and goes out at once on a free one of `--open-connections` keep-alive connections;
+when all are busy it is shed (never sent, counted), as a client with a bounded pool would give
+up on it. Latency runs from the due time.
 
-Every `--report-every` seconds one line: offered/s, accepted/s (202), completed/s (the worker's
-own sa_job_transitions_total running -> succeeded, from its SA_METRICS_PORT), the backlog
-(queued jobs, read from the database), POST p50/p99 over the interval, and the mean time of the
-worker's claim statements (sa_job_claim_seconds; "-" for a worker without that metric).
+Every `--report-every` seconds one line: offered/s, accepted/s (202), shed (the requests not sent
+for want of a free connection, per second and as a share of those offered), errors (answers
+other than 202, and requests whose connection the server closed or refused), completed/s (the
+worker's own sa_job_transitions_total running -> succeeded, from its SA_METRICS_PORT), the
+backlog (queued jobs, read from the database), POST p50/p99 over the interval, the mean time of
+the worker's claim statements (sa_job_claim_seconds; "-" for a worker without that metric), and
+the CPU used by the web processes (gunicorn master and workers) and by the bench database's
+Postgres backends, in % of one core ("-" when the server is remote).
 
 With several `--rates` the same processes step through them, `--seconds` each, after the
-backlog of the previous step has drained (up to 60 s). A rate "keeps up" when the backlog at
-the end of its step is under two seconds of arrivals and POST p99 is under 50 ms.
+backlog of the previous step has drained (up to 60 s). A rate "keeps up" when under 1 % of its
+requests were shed, none failed, the backlog at the end of its step is under two seconds of
+arrivals and every interval's POST p99 is under 50 ms.
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -51,48 +58,55 @@ from bench.common import (
     wait_http,
     web_server,
 )
-from bench.enqueue_rates import PROMPT, Connections, request_maker
+from bench.enqueue_rates import PROMPT, Connections, ServerCpu, _proc_cpu, request_maker
 
 BACKLOG = "SELECT count(*) FROM sa_job WHERE state = 'queued'"
 KEEPS_UP_BACKLOG_SECONDS = 2.0
 KEEPS_UP_P99_MS = 50.0
+KEEPS_UP_SHED = 0.01
 
 
 # --- generator (child process) ---------------------------------------------------------------
 
 
 def generate(args: argparse.Namespace) -> None:
-    """Child entry point: offers `--rate` POSTs/s for `--seconds`; prints one JSON line per interval."""
+    """Child entry point: offers `--rate` POSTs/s for `--seconds`; prints one JSON line per interval.
+
+    A light producer: a request due while all `--open-connections` are busy is shed (never
+    sent, counted), as a client with a bounded connection pool gives up on it; queueing it
+    instead would let one slow second delay every later request and hide how many were lost.
+    """
     token = os.environ["SA_BENCH_TOKEN"]
     rate, every = float(args.rate), args.report_every
     address, make = request_maker(args.base, PROMPT, token)
     pool = Connections(address, args.open_connections)
-    pending: collections.deque[tuple[int, float]] = collections.deque()
     start = time.perf_counter()
     end = start + args.seconds
     next_report = start + every
     latencies: list[float] = []
-    offered = errors = 0
+    offered = errors = shed = 0
     i = 0
     while True:
         now = time.perf_counter()
         while (due := start + i / rate) <= now and due < end:
-            pending.append((i, due))
             offered += 1
+            if pool.idle:
+                conn = pool.idle.popleft()
+                conn.scheduled = due
+                pool.send(conn, make(i))
+            else:
+                shed += 1
             i += 1
-        while pending and pool.idle:
-            n, due_at = pending.popleft()
-            conn = pool.idle.popleft()
-            conn.scheduled = due_at
-            pool.send(conn, make(n))
-        if now >= next_report or (due >= end and not pending and not pool.busy):
+        finished = due >= end and not pool.busy
+        if now >= next_report or finished:
             print(json.dumps({"offered": offered, "accepted": len(latencies), "errors": errors,
+                              "shed": shed,
                               "p50": percentile(latencies, 50) if latencies else None,
-                              "p99": percentile(latencies, 99) if latencies else None,
-                              "waiting": len(pending)}), flush=True)
-            latencies, offered, errors = [], 0, 0
+                              "p99": percentile(latencies, 99) if latencies else None}),
+                  flush=True)
+            latencies, offered, errors, shed = [], 0, 0, 0
             next_report += every
-            if due >= end and not pending and not pool.busy:
+            if finished:
                 return
         timeout = min(max(due - time.perf_counter(), 0.0), next_report - now, 1.0)
         for conn, status in pool.poll(max(timeout, 0.0)):
@@ -136,6 +150,7 @@ class Step:
     accepted: int = 0
     offered: int = 0
     errors: int = 0
+    shed: int = 0
     completed: float = 0.0
     elapsed: float = 0.0
     backlog_end: int = 0
@@ -143,20 +158,76 @@ class Step:
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
     claim_ms: list[float] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)
+
+    def add(self, part: dict[str, Any], completed: float, backlog: int, claim_ms: float | None,
+            used: dict[str, float]) -> None:
+        """Adds one interval: the producer's counts, the worker's, the backlog and the CPU."""
+        self.offered += part["offered"]
+        self.accepted += part["accepted"]
+        self.errors += part["errors"]
+        self.shed += part["shed"]
+        self.completed += completed
+        self.backlog_end, self.backlog_max = backlog, max(self.backlog_max, backlog)
+        if part["p50"] is not None and part["offered"]:
+            self.p50.append(part["p50"])
+            self.p99.append(part["p99"])
+        if claim_ms is not None:
+            self.claim_ms.append(claim_ms)
+        for name, seconds in used.items():
+            self.cpu[name] = self.cpu.get(name, 0.0) + seconds
+
+    @property
+    def shed_share(self) -> float:
+        """The share of offered requests shed for want of a free connection."""
+        return self.shed / self.offered if self.offered else 0.0
 
     @property
     def keeps_up(self) -> bool:
-        """Backlog bounded (under two seconds of arrivals at the end) and POST p99 under 50 ms."""
+        """Under 1 % shed, no error, backlog bounded (under two seconds of arrivals at the end)
+        and every interval's POST p99 under 50 ms."""
         return (self.backlog_end < KEEPS_UP_BACKLOG_SECONDS * self.rate
-                and bool(self.p99) and max(self.p99) < KEEPS_UP_P99_MS and self.errors == 0)
+                and bool(self.p99) and max(self.p99) < KEEPS_UP_P99_MS and self.errors == 0
+                and self.shed_share < KEEPS_UP_SHED)
 
 
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+class StepCpu:
+    """CPU seconds of the web processes, the worker and the bench database's backends between
+    two samples (bench/enqueue_rates.py's ServerCpu, plus the worker)."""
+
+    def __init__(self, server: ServerCpu, worker_pid: int) -> None:
+        self._server = server
+        self._worker = worker_pid
+        self._worker_start = 0.0
+
+    def start(self) -> None:
+        """Takes the first sample."""
+        self._server.start()
+        self._worker_start = _proc_cpu([self._worker]).get(self._worker, 0.0)
+
+    def lap(self) -> dict[str, float]:
+        """Returns {"web", "worker", "pg"} seconds since the last sample and starts the next."""
+        used = self._server.stop()
+        worker = _proc_cpu([self._worker]).get(self._worker)
+        if worker is not None:
+            used["worker"] = worker - self._worker_start
+        self.start()
+        return used
+
+
+CPU_KINDS = ("web", "worker", "pg")
+
+
+def _pct(used: dict[str, float], name: str, span: float) -> str:
+    return f"{used[name] * 100 / span:.0f}" if name in used and span > 0 else "-"
+
+
 def run_step(args: argparse.Namespace, base: str, token: str, rate: float,
-             db: psycopg.Connection[Any], worker: WorkerScrape) -> Step:
+             db: psycopg.Connection[Any], worker: WorkerScrape, cpu: StepCpu) -> Step:
     """Offers `rate` for `--seconds`, printing a line per interval; returns the step's figures."""
     step = Step(rate)
     cmd = [sys.executable, "-m", "bench.sustained", "--generate", "--base", base, "--rate",
@@ -166,32 +237,31 @@ def run_step(args: argparse.Namespace, base: str, token: str, rate: float,
                              env={**os.environ, "SA_BENCH_TOKEN": token})
     assert child.stdout is not None
     last, last_t, t0 = worker.read(), time.monotonic(), time.monotonic()
+    cpu.start()
     print(f"\n-- offered {rate:,.0f} POST/s for {args.seconds:g} s")
-    print(f"{'t s':>6} {'offered/s':>9} {'accepted/s':>10} {'completed/s':>11} {'backlog':>8} "
-          f"{'POST p50':>8} {'POST p99':>8} {'claim ms':>8}", flush=True)
+    print(f"{'t s':>6} {'offered/s':>9} {'accepted/s':>10} {'shed/s':>7} {'shed %':>6} "
+          f"{'errors':>6} {'completed/s':>11} {'backlog':>8} {'POST p50':>8} {'POST p99':>8} "
+          f"{'claim ms':>8} " + " ".join(f"{kind + ' cpu%':>11}" for kind in CPU_KINDS),
+          flush=True)
     for line in child.stdout:
         part = json.loads(line)
-        now, seen = time.monotonic(), worker.read()
+        now, seen, used = time.monotonic(), worker.read(), cpu.lap()
         span = now - last_t
         completed = seen["completed"] - last["completed"]
         claims = seen.get("claim_count", 0.0) - last.get("claim_count", 0.0)
         claim_ms = ((seen["claim_sum"] - last["claim_sum"]) * 1000 / claims
                     if claims > 0 else None)
         backlog = int(db.execute(BACKLOG).fetchone()[0])  # type: ignore[index]
-        print(f"{now - t0:6.0f} {part['offered'] / span:9.0f} {part['accepted'] / span:10.0f} "
-              f"{completed / span:11.0f} {backlog:8d} {_ms(part['p50']):>8} {_ms(part['p99']):>8} "
-              f"{_ms(claim_ms):>8}", flush=True)
-        step.offered += part["offered"]
-        step.accepted += part["accepted"]
-        step.errors += part["errors"]
-        step.completed += completed
-        step.backlog_end, step.backlog_max = backlog, max(step.backlog_max, backlog)
-        if part["p50"] is not None:
-            step.p50.append(part["p50"])
-            step.p99.append(part["p99"])
-        if claim_ms is not None:
-            step.claim_ms.append(claim_ms)
+        step.add(part, completed, backlog, claim_ms, used)
         last, last_t = seen, now
+        if not part["offered"]:
+            continue  # NOTE: the tail after the last send: too short an interval to show
+        shed_pct = part["shed"] * 100 / part["offered"]
+        print(f"{now - t0:6.0f} {part['offered'] / span:9.0f} {part['accepted'] / span:10.0f} "
+              f"{part['shed'] / span:7.0f} {shed_pct:6.2f} {part['errors']:6d} "
+              f"{completed / span:11.0f} {backlog:8d} {_ms(part['p50']):>8} {_ms(part['p99']):>8} "
+              f"{_ms(claim_ms):>8} " + " ".join(f"{_pct(used, kind, span):>11}"
+                                                for kind in CPU_KINDS), flush=True)
     step.elapsed = time.monotonic() - t0
     child.wait()
     return step
@@ -205,14 +275,18 @@ def _drain(db: psycopg.Connection[Any], timeout: float = 60.0) -> None:
 
 def summary(steps: list[Step]) -> str:
     """One row per offered rate."""
-    lines = [["offered/s", "accepted/s", "completed/s", "backlog end", "backlog max",
-              "POST p50 ms", "POST p99 ms (worst 10 s)", "claim ms (mean)", "errors", "keeps up"]]
+    lines = [["offered/s", "accepted/s", "shed", "shed %", "completed/s", "backlog end",
+              "backlog max", "POST p50 ms", "POST p99 ms (median / worst interval)",
+              "claim ms (mean)", *(f"{kind} cpu%" for kind in CPU_KINDS), "errors",
+              "keeps up"]]
     for s in steps:
-        lines.append([f"{s.rate:,.0f}", f"{s.accepted / s.elapsed:,.0f}",
+        lines.append([f"{s.rate:,.0f}", f"{s.accepted / s.elapsed:,.0f}", f"{s.shed:,}",
+                      f"{s.shed_share * 100:.2f}",
                       f"{s.completed / s.elapsed:,.0f}", f"{s.backlog_end:,}", f"{s.backlog_max:,}",
-                      f"{sorted(s.p50)[len(s.p50) // 2]:.1f}" if s.p50 else "-",
-                      f"{max(s.p99):.1f}" if s.p99 else "-",
+                      f"{statistics.median(s.p50):.1f}" if s.p50 else "-",
+                      f"{statistics.median(s.p99):.1f} / {max(s.p99):.1f}" if s.p99 else "-",
                       f"{sum(s.claim_ms) / len(s.claim_ms):.2f}" if s.claim_ms else "-",
+                      *(_pct(s.cpu, kind, s.elapsed) for kind in CPU_KINDS),
                       str(s.errors), "yes" if s.keeps_up else "NO"])
     return format_table(lines)
 
@@ -255,17 +329,18 @@ def main() -> None:
                        {**env, "SA_METRICS_PORT": str(args.metrics_port)})
         try:
             wait_http(f"http://127.0.0.1:{args.metrics_port}/metrics")
-            with web_server(env, args.port):
+            with web_server(env, args.port) as web:
                 print(f"Procfile web (gunicorn gevent, WEB_CONCURRENCY="
                       f"{os.environ.get('WEB_CONCURRENCY', '2')}), one `sa-core run-worker` "
                       f"(concurrency {args.concurrency or 'default'}), provider answering after "
                       f"{args.latency:g} s; {args.open_connections} producer connections")
                 scrape = WorkerScrape(f"http://127.0.0.1:{args.metrics_port}/metrics")
+                cpu = StepCpu(ServerCpu(web.pid, db), worker.pid)
                 steps = []
                 for rate in rates:
                     _drain(db)
                     steps.append(run_step(args, f"http://127.0.0.1:{args.port}", token, rate, db,
-                                          scrape))
+                                          scrape, cpu))
         finally:
             for proc in (worker, provider):
                 proc.terminate()
@@ -273,9 +348,12 @@ def main() -> None:
                 proc.wait(timeout=60)
     print()
     print(summary(steps))
-    print(f"\nkeeps up: backlog at the end under {KEEPS_UP_BACKLOG_SECONDS:g} s of arrivals, every "
-          f"interval's POST p99 under {KEEPS_UP_P99_MS:g} ms, no error. POST latency from the "
-          "scheduled send (open loop).")
+    print(f"\nkeeps up: under {KEEPS_UP_SHED * 100:g} % shed, no error, backlog at the end under "
+          f"{KEEPS_UP_BACKLOG_SECONDS:g} s of arrivals, every interval's POST p99 under "
+          f"{KEEPS_UP_P99_MS:g} ms. shed: requests not sent for want of a free connection (of "
+          f"{args.open_connections}); errors: answers other than 202, or connections closed or "
+          "refused. POST latency from the scheduled send (open loop). cpu%: of one core, over "
+          "the step.")
 
 
 if __name__ == "__main__":

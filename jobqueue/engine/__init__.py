@@ -7,6 +7,8 @@ each one once it has committed.
 
 - created -> queued: `enqueue.enqueue` / `enqueue_many`, PROMPT_INSERT_WITH_JOB(_MANY); parent,
   predecessor and chain depth of the caller's org, the org's queue cap, the idempotency key.
+  `submit_group.SubmitGroup` writes concurrent plain submits (none of those guards) of one web
+  process with PROMPT_INSERT_WITH_JOB_MANY, one caller per statement.
 - created -> queued, a batch's lines: `batch_progress.BatchStep.feed`, BATCH_FEED_MANY; the
   batch locked under the keeper's lease, lines still pending, as many as the org's bulk lane
   has room for (SA_BATCH_MAX_QUEUED, half of SA_ORG_MAX_QUEUED).

@@ -11,6 +11,7 @@ from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.core.states import TERMINAL
 from jobqueue.engine.enqueue import Enqueued, Submission, enqueue, enqueue_many
+from jobqueue.engine.submit_group import SubmitGroup, is_plain
 from service.contract import (
     JOBS_CURSOR,
     JOBS_LIMIT,
@@ -54,6 +55,8 @@ class PromptCollection:
         self._max_chain_depth = settings.chain_max_depth
         self._routes = settings.routes
         self._budgets = settings.budgets
+        # NOTE: one per app, so one per web process: concurrent plain submits share a commit.
+        self._group = SubmitGroup(pool)
 
     def on_post(self, req: falcon.Request, resp: falcon.Response) -> None:
         """Writes the prompt and its queued job; answers 202 with both ids.
@@ -68,13 +71,20 @@ class PromptCollection:
         wait = parse_prefer_wait(req.get_header(PREFER.name))
         request = parse_prompt(req.get_media(), self._max_chars)
         check_routable([request], self._routes)
-        done = enqueue(
-            self._pool, req.context.caller, request.text, parent_id=request.parent_id,
-            priority=request.priority, max_attempts=request.max_attempts,
-            options=request.options, idempotency_key=key, max_queued=self._max_queued,
-            run_at=request.run_at, delay_seconds=request.delay_seconds, after=request.after,
-            max_chain_depth=self._max_chain_depth, budgets=self._budgets,
-        )
+        submission = Submission(text=request.text, parent_id=request.parent_id,
+                                priority=request.priority, max_attempts=request.max_attempts,
+                                options=request.options, run_at=request.run_at,
+                                delay_seconds=request.delay_seconds, after=request.after)
+        if is_plain(submission, idempotency_key=key, max_queued=self._max_queued):
+            done = self._group.submit(req.context.caller, submission, budgets=self._budgets)
+        else:
+            done = enqueue(
+                self._pool, req.context.caller, request.text, parent_id=request.parent_id,
+                priority=request.priority, max_attempts=request.max_attempts,
+                options=request.options, idempotency_key=key, max_queued=self._max_queued,
+                run_at=request.run_at, delay_seconds=request.delay_seconds, after=request.after,
+                max_chain_depth=self._max_chain_depth, budgets=self._budgets,
+            )
         if done.replayed:
             resp.set_header(REPLAYED_HEADER, "true")
         resp.location = f"{req.root_path}/sa-core/v1/jobs/{done.job_id}"
