@@ -15,6 +15,9 @@ the fake provider, on a scratch database. One token (org 1) abuses, all at once:
   reading /mission/recent?limit=500 back to back, and `--session-clients` (20) opening
   sessions back to back.
 
+The slow bodies and streams run in one child process and the other attacks in another, so the
+normal client's event loop serves it alone (its lag would count in the latencies).
+
 Meanwhile one normal client (org 2) POSTs /prompt at `--rate` per second (100) for `--seconds`
 (40), open loop over a few keep-alive connections (latency runs from each request's scheduled
 time, so a stall is charged to every request it delays); and org 3's job, running on a worker
@@ -36,6 +39,7 @@ import asyncio
 import collections
 import contextlib
 import json
+import multiprocessing
 import os
 import resource
 import signal
@@ -43,6 +47,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import httpx
@@ -188,21 +193,47 @@ async def normal_client(port: int, token: str, rate: float, seconds: float
     return latencies, errors
 
 
-async def run(port: int, abuser: str, normal: str, args: argparse.Namespace) -> None:
-    stop = asyncio.Event()
+async def hold_connections(port: int, token: str, slow: int, streams: int,
+                           opened: EventType, stop: EventType) -> dict[str, int]:
+    """The slow bodies and event streams, until `stop`; returns what became of them."""
     tally = Tally()
-    opened = asyncio.Semaphore(0)
-    streams = args.streams if "streams" in args.attacks else 0
-    abusers = [asyncio.ensure_future(stream(port, abuser, stop, tally, opened))
+    done = asyncio.Event()
+    started = asyncio.Semaphore(0)
+    abusers = [asyncio.ensure_future(stream(port, token, done, tally, started))
                for _ in range(streams)]
     for _ in range(streams):
-        await opened.acquire()
-    abusers += [asyncio.ensure_future(slow_body(port, abuser, stop, tally))
-                for _ in range(args.slow if "slow" in args.attacks else 0)]
-    await asyncio.sleep(args.settle)
-    timed, errors = await normal_client(port, normal, args.rate, args.seconds)
-    stop.set()
+        await started.acquire()
+    abusers += [asyncio.ensure_future(slow_body(port, token, done, tally)) for _ in range(slow)]
+    opened.set()
+    await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+    done.set()
     await asyncio.gather(*abusers)
+    return dict(tally.outcomes)
+
+
+def _hold_child(port: int, token: str, slow: int, streams: int, opened: EventType,
+                stop: EventType, out: multiprocessing.Queue[dict[str, int]]) -> None:
+    out.put(asyncio.run(hold_connections(port, token, slow, streams, opened, stop)))
+
+
+def run(port: int, abuser: str, normal: str, args: argparse.Namespace) -> None:
+    """The slow bodies and streams from a child process, so the normal client's own event loop
+    (whose lag would count in its latencies) serves the normal client alone."""
+    spawned = multiprocessing.get_context("spawn")
+    opened, stop = spawned.Event(), spawned.Event()
+    out: multiprocessing.Queue[dict[str, int]] = spawned.Queue()
+    slow = args.slow if "slow" in args.attacks else 0
+    streams = args.streams if "streams" in args.attacks else 0
+    child = spawned.Process(target=_hold_child, daemon=True,
+                            args=(port, abuser, slow, streams, opened, stop, out))
+    child.start()
+    if not opened.wait(120):
+        raise SystemExit("the event streams did not all open within 2 minutes")
+    time.sleep(args.settle)
+    timed, errors = asyncio.run(normal_client(port, normal, args.rate, args.seconds))
+    stop.set()
+    outcomes = out.get(timeout=120)
+    child.join(30)
     latencies = [ms for _, ms in timed]
     print(f"normal client: {len(latencies)} answers at {args.rate:g}/s over {args.seconds:g} s, "
           f"p50 {percentile(latencies, 50):.1f} ms  p99 {percentile(latencies, 99):.1f} ms  "
@@ -211,9 +242,9 @@ async def run(port: int, abuser: str, normal: str, args: argparse.Namespace) -> 
                for start in range(0, int(args.seconds), 10)]
     print("  p99 by 10 s: " + ", ".join(f"{percentile(part, 99):.0f}" for part in by_tens if part)
           + f" ms; 1-minute load average at the end {os.getloadavg()[0]:.1f}")
-    print(f"abusers: {args.slow if 'slow' in args.attacks else 0} slow-body connections "
-          f"(reconnecting), {streams} event streams, one token")
-    for outcome, count in sorted(tally.outcomes.items()):
+    print(f"abusers: {slow} slow-body connections (reconnecting), {streams} event streams, "
+          "one token")
+    for outcome, count in sorted(outcomes.items()):
         print(f"  {outcome}: {count}")
 
 
@@ -359,7 +390,7 @@ def _run_against(url: str, args: argparse.Namespace) -> None:
             probe = _reclaim_probe(pool, victim, job_id,
                                    time.monotonic() + args.settle + args.kill_at,
                                    args.stale_after + 5)
-            asyncio.run(run(args.port, abuser, normal, args))
+            run(args.port, abuser, normal, args)
             report = reports.get(timeout=120)
             child.join(30)
             probe.join(args.stale_after + 60)
