@@ -273,6 +273,14 @@ class Worker:
     def _busy_slots_locked(self) -> int:
         return len(self._inflight) - min(len(self._finishing), self.config.concurrency)
 
+    def _free_slots(self) -> int:
+        with self._lock:
+            return self._free_slots_locked()
+
+    def _free_slots_locked(self) -> int:
+        """Slots neither busy nor counted by a claim round in flight."""
+        return self.config.concurrency - self._busy_slots_locked() - self._claiming
+
     def report_slots(self) -> None:
         """Sets `sa_worker_slots`: busy (held, call not yet returned) and free (claimable now)."""
         busy = min(self._busy_slots(), self.config.concurrency)
@@ -287,12 +295,13 @@ class Worker:
 
     def _claim_round(self) -> bool:
         """Claims for the free slots; True when it filled them all (more may be waiting)."""
+        if self._free_slots() <= 0:
+            return False
         # NOTE: every route this worker calls is paused: a claim would only put jobs back.
         if self.executor.gate.all_paused(list(self.executor.providers.routes.routes)):
             return False
         with self._lock:
-            free = self.config.concurrency - self._busy_slots_locked() - self._claiming
-            limit = min(free, self.config.claim_limit)
+            limit = min(self._free_slots_locked(), self.config.claim_limit)
             if limit <= 0:
                 return False
             self._claiming += limit
@@ -308,7 +317,8 @@ class Worker:
             # them free in between.
             with self._lock:
                 self._claiming -= limit
-                self.claim_rounds += jobs is not None
+                if jobs is not None:
+                    self.claim_rounds += 1
                 self._inflight.update((run.job.id, run) for run in runs)
         for run in runs:
             with self._lock:
