@@ -1,7 +1,8 @@
 """Side by side: sa-core's queue against pgqueuer, procrastinate and oban on the same Postgres.
 
 Usage: .venv/bin/python -m bench.peers [--jobs 5000] [--rounds 3] [--pickups 200]
-       [--only sa-core,sa-core-noop,pgqueuer,procrastinate,oban] [--concurrency 32]
+       [--only sa-core,sa-core-2p,sa-core-noop,sa-core-post,pgqueuer,procrastinate,oban]
+       [--concurrency 32] [--post-seconds 5]
 
 Each contender runs as a child process (bench/peer_runners/) against its own throwaway database
 on the same server, in two measurements:
@@ -19,7 +20,11 @@ interpreter, one for oban, which needs Python >= 3.12 (found under pyenv, or SA_
 A contender that cannot be installed or run says why in its row; the others go on.
 
 Contenders: `sa-core` is the real `sa-core run-worker` against `sa-core fake-provider` (full
-prompt jobs: HTTP call, response entity, edge, ledger, events); `sa-core-noop` runs the same
+prompt jobs: HTTP call, response entity, edge, ledger, events); `sa-core-2p` the same with two
+worker processes (each at the concurrency); `sa-core-post` only measures `POST /prompt` through the
+Procfile's gunicorn for `--post-seconds` (closed loop, 32 keep-alive connections, one generator
+process; its enqueue/s column), to hold against the peers' single enqueues (one library call and
+commit each, on one connection) in the same run; `sa-core-noop` runs the same
 Worker/Executor/finalize in one process with a provider stub and the LISTEN wake-up wired as
 the tests wire it (see bench/peer_runners/sa_core.py); the others run a no-op task.
 """
@@ -185,6 +190,13 @@ class Contender:
     pickup_ms: list[float] = field(default_factory=list)
     claim_ms: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
+    post: bool = False
+    """Measures POST /prompt only (its enqueue/s), no burn-down or pick-up."""
+
+    def modes(self, args: argparse.Namespace) -> list[tuple[str, int]]:
+        if self.post:
+            return [("post", args.post_seconds)]
+        return [("burndown", args.jobs), ("pickup", args.pickups)]
 
     def command(self, url: str, mode: str, count: int, args: argparse.Namespace) -> list[str]:
         common = [url, mode, str(count), "--concurrency", str(args.concurrency),
@@ -198,8 +210,12 @@ def contenders() -> list[Contender]:
     return [
         Contender("sa-core", None, "bench.peer_runners.sa_core", migrated=True,
                   extra=("--variant", "full")),
+        Contender("sa-core-2p", None, "bench.peer_runners.sa_core", migrated=True,
+                  extra=("--variant", "full", "--procs", "2")),
         Contender("sa-core-noop", None, "bench.peer_runners.sa_core", migrated=True,
                   extra=("--variant", "noop")),
+        Contender("sa-core-post", None, "bench.peer_runners.sa_core", migrated=True,
+                  extra=("--variant", "full"), post=True),
         Contender("pgqueuer", PEERS_VENV, "pgqueuer_runner.py", shows=("pgqueuer", "asyncpg")),
         Contender("procrastinate", PEERS_VENV, "procrastinate_runner.py",
                   shows=("procrastinate", "psycopg")),
@@ -290,8 +306,25 @@ def table(rows: list[Contender], args: argparse.Namespace) -> str:
     out.append("  runs to the job's `running` event (clock_timestamp() in the claim), a bit early.")
     out += [f"  {c.name}: enqueue commit -> `running` event p50 {percentile(c.claim_ms, 50):.1f} ms, "
             f"p99 {percentile(c.claim_ms, 99):.1f} ms" for c in rows if c.claim_ms]
+    out += _ratios(rows)
     out += [f"! {note}" for note in notes]
     return "\n".join(out)
+
+
+def _ratios(rows: list[Contender]) -> list[str]:
+    """The ratios issue 28 sets targets on, from this run's medians."""
+    by_name = {c.name: c for c in rows}
+    pairs = [(f"{a} burn-down / {b} burn-down", a, b, "jobs_per_s")
+             for a in ("sa-core", "sa-core-2p") for b in ("oban", "pgqueuer")]
+    pairs += [(f"sa-core-post POST/s / {b} enqueue/s", "sa-core-post", b, "enqueue_per_s")
+              for b in ("pgqueuer", "oban")]
+    out = []
+    for label, a, b, column in pairs:
+        if a in by_name and b in by_name:
+            ratio = _ratio(getattr(by_name[a], column), getattr(by_name[b], column))
+            if ratio != "-":
+                out.append(f"ratio: {label} = {ratio[:-1]}")
+    return out
 
 
 def prepare(rows: list[Contender], reinstall: bool) -> None:
@@ -322,7 +355,7 @@ def run_rounds(rows: list[Contender], args: argparse.Namespace) -> list[dict[str
         for c in rows:
             if c.error:
                 continue
-            for mode, count in (("burndown", args.jobs), ("pickup", args.pickups)):
+            for mode, count in c.modes(args):
                 prefix = (f"[{time.monotonic() - started:6.0f}s load {os.getloadavg()[0]:.1f}] "
                           f"round {round_no} {c.name} {mode}:")
                 print(prefix, "...", file=sys.stderr, flush=True)
@@ -333,7 +366,11 @@ def run_rounds(rows: list[Contender], args: argparse.Namespace) -> list[dict[str
                     print(prefix, f"FAILED {exc}", file=sys.stderr, flush=True)
                     continue
                 raw.append({"round": round_no, "contender": c.name, **result})
-                if mode == "burndown":
+                if mode == "post":
+                    c.enqueue_per_s.append(result["enqueue_per_s"])
+                    summary = (f"{result['enqueue_per_s']:,.0f} POST/s, p99 "
+                               f"{result['post_p99_ms']:.1f} ms")
+                elif mode == "burndown":
                     c.enqueue_per_s.append(result["enqueue_per_s"])
                     c.jobs_per_s.append(result["jobs_per_s"])
                     summary = (f"{result['enqueue_per_s']:,.0f} enqueues/s, "
@@ -363,6 +400,8 @@ def main() -> None:
     # max_connections (sa-core's own default, 512, is for calls that wait on a provider).
     parser.add_argument("--concurrency", type=int, default=32,
                         help="jobs at once in the one worker process of every contender")
+    parser.add_argument("--post-seconds", type=int, default=5,
+                        help="sa-core-post: seconds of POST /prompt after a 1 s warm-up")
     parser.add_argument("--only", default=",".join(c.name for c in contenders()))
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per child run")
     parser.add_argument("--reinstall", action="store_true", help="rebuild the cached venvs")

@@ -344,9 +344,10 @@ class Hosts:
             # since PgBouncer refuses them as startup options.
             conn.execute("ALTER ROLE postgres SET statement_timeout = '30s'")
             conn.execute("ALTER ROLE postgres SET lock_timeout = '10s'")
-            # NOTE: a host cut inside a transaction (a claim is BEGIN, SET LOCAL, UPDATE,
-            # COMMIT) leaves it open, its rows locked and skipped by every other claim, until
-            # the server ends the session; the harness uses a short bound to keep tests short.
+            # NOTE: a host cut inside a transaction (a claim's pipeline before its Sync, a
+            # COMMIT never sent) leaves it open, its rows locked and skipped by every other
+            # claim, until the server ends the session; the harness uses a short bound to keep
+            # tests short.
             conn.execute(sql.SQL("ALTER ROLE postgres SET idle_in_transaction_session_timeout = {}")
                          .format(sql.Literal(f"{self.idle_in_transaction:g}s")))
         self.direct_url = self.cluster.url("sa_core")

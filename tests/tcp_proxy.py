@@ -1,7 +1,9 @@
-"""A TCP proxy in front of Postgres that tests can cut and restore, to play a database outage."""
+"""A TCP proxy in front of Postgres that tests can cut and restore, to play a database outage,
+and that counts the messages each client sends, to count a client's round trips."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import socket
 import struct
@@ -11,6 +13,47 @@ import threading
 _ADMIN_SHUTDOWN_FIELDS = (b"SFATAL\0VFATAL\0C57P01\0"
                           b"Mterminating connection due to administrator command\0\0")
 ADMIN_SHUTDOWN = b"E" + struct.pack("!I", 4 + len(_ADMIN_SHUTDOWN_FIELDS)) + _ADMIN_SHUTDOWN_FIELDS
+
+
+# NOTE: the protocol 3.0 startup packet's code; SSLRequest and GSSENCRequest come before it, also
+# untyped (a test that counts messages connects with sslmode=disable, so nothing is encrypted).
+_PROTOCOL_3 = 196608
+class FrontendCount:
+    """Counts one client's Postgres frontend messages by type, from the bytes it sends, and the
+    points at which it may wait for the server: each Sync (the end of an extended-protocol
+    series), each simple Query, and each Flush that follows something else (psycopg sends one
+    right behind a pipeline's closing Sync, which asks for nothing the Sync did not)."""
+
+    def __init__(self) -> None:
+        self.types: collections.Counter[str] = collections.Counter()
+        self.wait_points = 0
+        self._previous = ""
+        self._buffer = b""
+        self._started = False
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+        while True:
+            head = 4 if not self._started else 5
+            if len(self._buffer) < head:
+                return
+            if not self._started:
+                size = struct.unpack("!I", self._buffer[:4])[0]
+                if len(self._buffer) < size:
+                    return
+                self._started = struct.unpack("!I", self._buffer[4:8])[0] == _PROTOCOL_3
+            else:
+                size = 1 + struct.unpack("!I", self._buffer[1:5])[0]
+                if len(self._buffer) < size:
+                    return
+                self._count(chr(self._buffer[0]))
+            self._buffer = self._buffer[size:]
+
+    def _count(self, kind: str) -> None:
+        self.types[kind] += 1
+        if kind in "SQ" or (kind == "H" and self._previous not in ("S", "H")):
+            self.wait_points += 1
+        self._previous = kind
 
 
 class TcpProxy:
@@ -28,6 +71,7 @@ class TcpProxy:
         self._closed = False
         self._clients: set[socket.socket] = set()
         self._terminating: set[socket.socket] = set()
+        self._counts: dict[int, FrontendCount] = {}
         threading.Thread(target=self._accept, daemon=True).start()
 
     def cut(self) -> None:
@@ -48,6 +92,11 @@ class TcpProxy:
         with self._lock:
             self._terminating.update(self._clients)
 
+    def frontend(self, client_port: int) -> FrontendCount:
+        """What the client connected from `client_port` (its local port) has sent so far."""
+        with self._lock:
+            return self._counts[client_port]
+
     def restore(self) -> None:
         """Accepts connections again."""
         self._open.set()
@@ -60,7 +109,7 @@ class TcpProxy:
     def _accept(self) -> None:
         while not self._closed:
             try:
-                client, _ = self._listener.accept()
+                client, (_, client_port) = self._listener.accept()
             except OSError:
                 return
             if not self._open.is_set():
@@ -74,8 +123,9 @@ class TcpProxy:
             with self._lock:
                 self._sockets.update((client, upstream))
                 self._clients.add(client)
-            for src, dst in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+                count = self._counts[client_port] = FrontendCount()
+            for src, dst, seen in ((client, upstream, count), (upstream, client, None)):
+                threading.Thread(target=self._pipe, args=(src, dst, seen), daemon=True).start()
 
     def _connect_upstream(self) -> socket.socket:
         host, port = self._target
@@ -85,7 +135,7 @@ class TcpProxy:
         upstream.connect(f"{host}/.s.PGSQL.{port}")
         return upstream
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, seen: FrontendCount | None) -> None:
         try:
             while data := src.recv(65536):
                 with self._lock:
@@ -102,6 +152,9 @@ class TcpProxy:
                         client.shutdown(socket.SHUT_RDWR)
                 if ending:
                     break
+                if seen is not None:
+                    with self._lock:
+                        seen.feed(data)
                 dst.sendall(data)
         except OSError:
             pass

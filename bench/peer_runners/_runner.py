@@ -191,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The arguments every runner takes."""
     parser = argparse.ArgumentParser()
     parser.add_argument("database_url")
-    parser.add_argument("mode", choices=["burndown", "llm", "pickup"])
+    # NOTE: `post` (seconds of POST /prompt) is sa-core's runner's alone.
+    parser.add_argument("mode", choices=["burndown", "llm", "pickup", "post"])
     parser.add_argument("count", type=int)
     parser.add_argument("--concurrency", type=int, default=10)
     parser.add_argument("--timeout", type=float, default=600.0)

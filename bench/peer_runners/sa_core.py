@@ -1,7 +1,8 @@
 """sa-core's own runner for bench/peers.py: the same burn-down and pick-up on the real queue.
 
-Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL (burndown N | llm N | pickup K)
-       [--concurrency C] [--variant full|noop] [--provider-url URL] [--stream]
+Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL
+       (burndown N | llm N | pickup K | post S) [--concurrency C] [--variant full|noop]
+       [--procs P] [--provider-url URL] [--stream]
 
 The database must already carry sa-core's migrations. Every job is a real prompt entity plus
 a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit) each.
@@ -24,6 +25,12 @@ a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit)
   Task start is the stub's call, as the libraries' runners take it. Both variants also
   report `claim_ms` (enqueue commit -> `running` event).
 
+- `--procs P` (full): P `sa-core run-worker` processes share the burn-down (the Procfile's
+  `worker:` line scaled to P), each at `--concurrency C`.
+- post: `POST /prompt` through the Procfile's gunicorn on this database for S seconds after a 1 s
+  warm-up, closed loop on 32 keep-alive connections from one generator process
+  (bench/enqueue_rates.py's `max`); reports answers per second as `enqueue_per_s`.
+
 The end of a burn-down is the last `succeeded` event's `at` (clock_timestamp() in the finalize,
 just before its commit), read once every job succeeded: the database's view, as the other
 runners take it, and no reader busy on the machine while the worker runs.
@@ -32,6 +39,7 @@ Prints one `PEER_RESULT {json}` line like the other runners.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -42,12 +50,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from importlib.metadata import version
 from typing import Any
 
 import psycopg
 
-from bench.common import VENV_BIN, spawn, wait_http
+from bench.common import VENV_BIN, bench_token, percentile, spawn, wait_http, web_server
+from bench.enqueue_rates import ServerCpu, run_rate
 from bench.peer_runners._runner import WARMUP_JOBS, build_parser, emit
 from jobqueue.core.db import open_pool
 from jobqueue.core.logs import configure_logging
@@ -58,6 +68,7 @@ from jobqueue.engine.enqueue import enqueue
 from jobqueue.runtime.assembly import assemble_worker
 from jobqueue.runtime.provider import Provider, RoutedProviders
 from jobqueue.runtime.provider_answer import Completion
+from jobqueue.runtime.run_control import RunControl
 from jobqueue.runtime.worker import WorkerConfig
 
 CALLER = Caller(org_id=1, user_id=1)
@@ -92,7 +103,8 @@ class StubProvider(Provider):
 
     def complete(self, model: str, messages: list[dict[str, str]],
                  on_delta: Callable[[str], None] | None = None,
-                 params: Mapping[str, Any] | None = None) -> Completion:
+                 params: Mapping[str, Any] | None = None,
+                 control: RunControl | None = None) -> Completion:
         now = time.time()
         with self._lock:
             if self.first_call is None:
@@ -139,10 +151,14 @@ class Events:
 
 def last_success(url: str, n: int, alive: Callable[[], None], timeout: float) -> float:
     """Waits (polling every 0.1 s) until `n` jobs succeeded; returns when the last one did,
-    as the database stamped it (its `succeeded` event's `at`), like the other runners."""
+    as the database stamped it (its `succeeded` event's `at`), like the other runners. A failed
+    job ends the run at once (a broken runner would otherwise wait out the whole timeout)."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(url, autocommit=True) as conn:
         while time.monotonic() < deadline:
+            failed = conn.execute(STATE_COUNT, ("failed",)).fetchone()
+            if failed is not None and failed[0]:
+                raise RuntimeError(f"{failed[0]} job(s) failed; see the worker's log")
             row = conn.execute(STATE_COUNT, ("succeeded",)).fetchone()
             if row is not None and row[0] >= n:
                 last = conn.execute(LAST_SUCCEEDED_AT).fetchone()
@@ -157,8 +173,9 @@ class Runner:
     """One variant's worker and provider, started and stopped around a measurement."""
 
     def __init__(self, url: str, variant: str, concurrency: int, provider_url: str | None = None,
-                 stream: bool = False) -> None:
+                 stream: bool = False, procs: int = 1) -> None:
         self.url = url
+        self.workers = procs
         self.stream = stream
         self.variant = variant
         self.concurrency = concurrency
@@ -186,15 +203,16 @@ class Runner:
                 raise RuntimeError(f"{proc.args[:2]} exited with {proc.returncode}")
 
     def worker_usage(self) -> dict[str, float]:
-        """The worker process's CPU seconds so far and its peak RSS (full variant)."""
-        pid = self.procs[-1].pid
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-        with open(f"/proc/{pid}/status") as status:
-            hwm = next(line for line in status if line.startswith("VmHWM:"))
-        ticks = os.sysconf("SC_CLK_TCK")
-        return {"worker_cpu_s": (int(fields[11]) + int(fields[12])) / ticks,
-                "peak_rss_mib": int(hwm.split()[1]) / 1024}
+        """The worker processes' CPU seconds so far and the largest peak RSS (full variant)."""
+        cpu, rss = 0.0, 0.0
+        for proc in self.procs[-self.workers:]:
+            with open(f"/proc/{proc.pid}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()
+            with open(f"/proc/{proc.pid}/status") as status:
+                hwm = next(line for line in status if line.startswith("VmHWM:"))
+            cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            rss = max(rss, int(hwm.split()[1]) / 1024)
+        return {"worker_cpu_s": cpu, "peak_rss_mib": rss}
 
     def _start_processes(self) -> None:
         provider_url = self.provider_url
@@ -213,9 +231,10 @@ class Runner:
         if self.variant == "threads":
             # NOTE: argv[1] is not `run-worker`, so jobqueue/runtime/green.py leaves threads as they are.
             command = [sys.executable, "-c", THREADED_CLI, "--"]
-        worker = spawn([*command, "run-worker", "--concurrency", str(self.concurrency)], env)
-        self.procs.append(worker)
-        self.stops.append(lambda: _end(worker))
+        for _ in range(self.workers):
+            worker = spawn([*command, "run-worker", "--concurrency", str(self.concurrency)], env)
+            self.procs.append(worker)
+            self.stops.append(partial(_end, worker))
 
     def _start_in_process(self) -> None:
         routes = Routes((Route("default", "http://stub.invalid"),), "noop")
@@ -311,9 +330,28 @@ def pickup(url: str, runner: Runner, pickups: int, budget: float) -> dict[str, A
     return {"pickups": pickups, "pickup_ms": latencies, "claim_ms": claims}
 
 
+def post(url: str, seconds: float) -> dict[str, Any]:
+    """POST /prompt/s through the Procfile's web on this database (bench/enqueue_rates.py's `max`)."""
+    args = argparse.Namespace(generators=1, warmup=1.0, seconds=seconds, open_connections=64,
+                              connections=32)
+    port = _free_port()
+    with (psycopg.connect(url, autocommit=True) as conn,
+          web_server({"DATABASE_URL": url}, port) as web):
+        token = bench_token(url)
+        result = run_rate(args, f"http://127.0.0.1:{port}", token, "max", ServerCpu(web.pid, conn))
+    if result["errors"]:
+        raise RuntimeError(f"{result['errors']} POST(s) answered other than 202")
+    latencies = result["latencies"]
+    return {"seconds": seconds, "enqueue_per_s": result["achieved"],
+            "post_p99_ms": percentile(latencies, 99) if latencies else None,
+            "cpu_us": result["cpu_us"]}
+
+
 def main() -> None:
     parser = build_parser()
     parser.add_argument("--variant", choices=["full", "threads", "noop"], default="full")
+    parser.add_argument("--procs", type=int, default=1,
+                        help="full: worker processes sharing the burn-down")
     parser.add_argument("--stream", action="store_true",
                         help="llm: the provider's route streams (each job writes its text as it comes)")
     args = parser.parse_args()
@@ -322,8 +360,10 @@ def main() -> None:
     # the real worker's go in the full variant (nowhere), and the result line to the real stdout.
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115
     runner = Runner(args.database_url, args.variant, args.concurrency, args.provider_url,
-                    args.stream)
-    if args.mode in ("burndown", "llm"):
+                    args.stream, args.procs)
+    if args.mode == "post":
+        result = post(args.database_url, args.count)
+    elif args.mode in ("burndown", "llm"):
         result = burndown(args.database_url, runner, args.count, args.timeout)
     else:
         result = pickup(args.database_url, runner, args.count, args.budget)

@@ -150,15 +150,12 @@ def claim(
               "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH,
               "aging": priority_aging, "held_orgs": list(held_orgs),
               "token_window": token_window}
-    # PERF: BEGIN, the plan settings and COMMIT cost three short round trips more than the lone
-    # statement; they buy a claim whose cost does not grow with the backlog (see the settings).
     with pool.connection() as conn, metrics.CLAIM_SECONDS.time(), conn.cursor() as cur:
         set_json_loads(_lenient_loads, cur)
         capped = org_max_running > 0
         try:
-            with conn.transaction():
-                _prepare(cur, capped)
-                rows = cur.execute(_statement(capped, token_window, many=True), params).fetchall()
+            rows = _planned(conn, cur, _statement(capped, token_window, many=True), params,
+                            capped=capped)
         except psycopg.Error as exc:
             if is_connection_failure(conn, exc):
                 raise
@@ -195,10 +192,30 @@ def claim(
 
 def next_due(pool: ConnectionPool[DictConnection], priority_ceiling: int) -> float | None:
     """Seconds until the soonest claimable job scheduled for later falls due; None for none."""
-    with pool.connection() as conn, conn.transaction():
-        conn.execute(q.JOB_PLAN_SETTINGS)
-        row = conn.execute(claim_q.JOB_NEXT_DUE, {"ceiling": priority_ceiling}).fetchone()
+    with pool.connection() as conn, conn.cursor() as cur:
+        rows = _planned(conn, cur, claim_q.JOB_NEXT_DUE, {"ceiling": priority_ceiling})
+    row = rows[0] if rows else None
     return None if row is None or row["seconds"] is None else max(0.0, float(row["seconds"]))
+
+
+def _planned(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]], statement: str,
+             params: dict[str, Any], *, capped: bool = False) -> list[dict[str, Any]]:
+    """Runs `statement` under the plan settings (and the org-capped lock) in one round trip.
+
+    PERF: BEGIN, the settings, the statement and COMMIT cost four round trips one by one. In
+    pipeline mode they all go out before the one Sync that ends them, and the client waits once.
+    The pool's connections are autocommit, so no BEGIN is sent: everything before a Sync is one
+    implicit transaction, which the Sync commits, or rolls back whole when a statement failed
+    (the server skips the rest). set_config(..., true) therefore holds for this statement only and
+    never stays on the session, a transaction-mode pooler's included (it hands the server session
+    back only at the Sync's ReadyForQuery). tests/test_claim_round_trips.py counts the Syncs.
+    """
+    with conn.pipeline():
+        conn.execute(q.JOB_PLAN_SETTINGS)
+        if capped:
+            conn.execute(claim_q.JOB_CLAIM_LOCK_ORG_CAPPED)
+        cur.execute(statement, params)
+    return cur.fetchall()
 
 
 def _prepare(cur: psycopg.Cursor[dict[str, Any]], capped: bool) -> None:

@@ -10,6 +10,7 @@ usage after (`settle`, or `release` when it failed).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -82,6 +83,9 @@ class RouteGate:
         self._fair_by_tokens = fair_by_tokens
         self._lock = threading.Lock()
         self._until: dict[str, float] = {}
+        # NOTE: when this process's last pause of each route was written (time.monotonic());
+        # infinity while the write is under way.
+        self._paused_at: dict[str, float] = {}
         self._ratios: dict[str, float] = {}
         # NOTE: the limits the provider's x-ratelimit-limit-* headers state, per route.
         self._told: dict[str, tuple[int | None, int | None]] = {}
@@ -94,8 +98,14 @@ class RouteGate:
             return
         pauses = throttle.active_pauses(self._pool)
         with self._lock:
-            self._read_at = now
-            self._until = {route: now + seconds for route, seconds in pauses.items()}
+            self._read_at = max(self._read_at, now)
+            until = {route: now + seconds for route, seconds in pauses.items()}
+            # NOTE: a pause this process wrote after the read began may be missing from it;
+            # dropping it would let the next call through.
+            for route, at in self._paused_at.items():
+                if at >= now and route in self._until:
+                    until[route] = max(until.get(route, 0.0), self._until[route])
+            self._until = until
 
     def paused_for(self, route: str) -> float:
         """Seconds left in the route's pause as last read (0: not paused)."""
@@ -206,7 +216,18 @@ class RouteGate:
 
     def pause(self, route: Route, seconds: float, reason: str) -> float:
         """Pauses `route` for every worker (a 429, or its limit reached); returns seconds left."""
-        paused = throttle.pause(self._pool, route.name, seconds, reason)
+        # NOTE: this process stops calling at once, not after the write's round trip: the call
+        # that met the limit freed its slot when it returned, and a job claimed into that slot
+        # meanwhile would otherwise make the call the pause is there to prevent.
+        with self._lock:
+            self._paused_at[route.name] = math.inf
+            self._until[route.name] = max(self._until.get(route.name, 0.0),
+                                          time.monotonic() + seconds)
+        try:
+            paused = throttle.pause(self._pool, route.name, seconds, reason)
+        finally:
+            with self._lock:
+                self._paused_at[route.name] = time.monotonic()
         with self._lock:
             self._until[route.name] = time.monotonic() + paused.seconds
         if paused.started:
