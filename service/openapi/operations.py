@@ -62,6 +62,14 @@ _BUDGET_OR_FULL = retry_after(f"Seconds to wait: {QUEUE_FULL_RETRY_AFTER} for a 
 _CANCELLED = {**JOB_EXAMPLE, "state": "cancelled", "response_id": None}
 
 
+
+def _turn() -> dict[str, dict[str, object]]:
+    """The 429 of a route that takes its token's turn (service/turns.py, docs/limits.md)."""
+    return {"429": error_answer(
+        "429", "This token's reads already wait SA_TOKEN_READ_QUEUE deep in this web process, or "
+               "this one waited SA_TOKEN_READ_WAIT for its turn: its page reads and sign-ins "
+               "run one at a time, each followed by a rest (SA_TOKEN_READ_SHARE).")}
+
 def _health() -> list[Operation]:
     return [
         Operation("get", "/healthz", "health", "Liveness: the process answers.",
@@ -141,7 +149,8 @@ def _submits(settings: Settings) -> list[Operation]:
 def _jobs_and_prompts() -> list[Operation]:
     return [
         Operation("get", f"{_API}/jobs/{{job_id}}", "getJob", "One job.",
-                  {"200": Answer("The job.", "Job", links=_JOB_LINKS)}),
+                  {"200": Answer("The job.", "Job", links=_JOB_LINKS)},
+                  answers_past_limits=_turn()),
         Operation("post", f"{_API}/jobs/{{job_id}}/cancel", "cancelJob",
                   "Cancel a queued or running job.",
                   {"200": Answer("The cancelled job.", "Job", {
@@ -158,14 +167,14 @@ def _jobs_and_prompts() -> list[Operation]:
                       "a time: at most `limit` (default 20, at most 100), fewer once their "
                       "options and error messages pass SA_PAGE_MAX_BYTES. Pass `next_cursor` "
                       "back as `cursor` for the older ones."),
-                  params=(JOBS_CURSOR, JOBS_LIMIT)),
+                  params=(JOBS_CURSOR, JOBS_LIMIT), answers_past_limits=_turn()),
         Operation("get", f"{_API}/responses/{{response_id}}", "getResponse",
                   "A response, its text whole.",
                   {"200": Answer("The response.", "Entity")},
                   description=(
                       "The feeds (SSE events, /mission/recent) carry at most "
                       "SA_FEED_TEXT_MAX_CHARS characters of an answer, with `response_truncated`; "
-                      "this route has it whole.")),
+                      "this route has it whole."), answers_past_limits=_turn()),
         Operation("post", f"{_API}/prompts/{{prompt_id}}/retry", "retryPrompt",
                   "Queue a new job superseding the prompt's latest (finished) job.",
                   {"202": Answer("The new job.", "Retried", headers=LOCATION,
@@ -187,7 +196,7 @@ def _session_and_ops() -> list[Operation]:
                 "never past the token's expiry). The cookie then authenticates same-origin "
                 "requests without a header; writes also need `X-SA-Session: 1`. A token keeps "
                 "at most SA_SESSIONS_PER_TOKEN sessions: opening one more ends its oldest."),
-            body=_NO_BODY, errors=("403",)),
+            body=_NO_BODY, errors=("403",), answers_past_limits=_turn()),
         Operation("get", f"{_API}/session", "getSession", "Whom the request acts for.",
                   {"200": Answer("The caller.", "Session")}, errors=("403",)),
         Operation("delete", f"{_API}/session", "closeSession",
@@ -200,7 +209,7 @@ def _session_and_ops() -> list[Operation]:
                       "USD at the model routes' configured `prices`, summed per UTC day as "
                       "calls finish. Past SA_ORG_BUDGET_DAILY or SA_ORG_BUDGET_MONTHLY, submits "
                       "answer 429 (with Retry-After: the seconds until the budget resets) and "
-                      "queued jobs wait, unclaimed, until it does.")),
+                      "queued jobs wait, unclaimed, until it does."), answers_past_limits=_turn()),
         Operation("get", f"{_API}/ops/overview", "opsOverview",
                   "Every org's queue depth, oldest queued, running jobs and recent failures.",
                   {"200": Answer("The overview.", "OpsOverview")},
@@ -234,7 +243,7 @@ def _feeds() -> list[Operation]:
                 "late, and repeats a prompt only when it changed again. Texts come cut to "
                 "SA_FEED_TEXT_MAX_CHARS characters (`text_truncated`, `response_truncated`), and a "
                 "page ends early, with `has_more`, once its texts pass SA_PAGE_MAX_BYTES."),
-            params=(CURSOR, SINCE, RECENT_LIMIT, SCOPE)),
+            params=(CURSOR, SINCE, RECENT_LIMIT, SCOPE), answers_past_limits=_turn()),
         Operation(
             "get", f"{_API}/mission/prompts", "missionPrompts",
             "The viewer's prompts with their latest state, latest activity first.",
@@ -247,7 +256,7 @@ def _feeds() -> list[Operation]:
                 "continues from it with no gap. A page walks at most 5,000 events; older "
                 "prompts come with `before`. Texts are cut as in /mission/recent, and a page "
                 "ends early, with `has_more`, once its texts pass SA_PAGE_MAX_BYTES."),
-            params=(SNAPSHOT_BEFORE, SNAPSHOT_LIMIT, SCOPE)),
+            params=(SNAPSHOT_BEFORE, SNAPSHOT_LIMIT, SCOPE), answers_past_limits=_turn()),
         Operation(
             "get", f"{_API}/mission/events", "missionEvents",
             "Server-Sent Events of the caller's own jobs' transitions.",
