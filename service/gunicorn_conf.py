@@ -16,6 +16,7 @@ import structlog
 from gunicorn.glogging import Logger
 
 from jobqueue.core.logs import configure_logging
+from jobqueue.runtime.collector import settle_collector
 
 __all__ = [
     "JsonLogger",
@@ -178,7 +179,8 @@ def on_starting(server: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """Ends the worker's SSE streams as soon as it gets SIGTERM, before gunicorn's graceful wait.
+    """Ends the worker's SSE streams as soon as it gets SIGTERM, before gunicorn's graceful wait,
+    and settles the collector once the app is built (jobqueue/runtime/collector.py).
 
     Streams never finish by themselves, so without this every graceful stop or restart would
     wait the whole `graceful_timeout`; clients reconnect (to a live worker) with Last-Event-ID.
@@ -194,6 +196,7 @@ def post_worker_init(worker: Any) -> None:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.siginterrupt(signal.SIGTERM, False)
+    settle_collector()
 
 
 def child_exit(server: Any, worker: Any) -> None:

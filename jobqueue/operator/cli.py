@@ -40,6 +40,7 @@ from jobqueue.operator.operator_commands import add_operator_commands
 from jobqueue.operator.token_commands import add_token_commands
 from jobqueue.runtime.assembly import assemble_worker, open_descriptors, worker_config
 from jobqueue.runtime.batch_keeper import BatchKeeper
+from jobqueue.runtime.collector import settle_collector
 from jobqueue.runtime.maintenance import MaintenanceLeader
 from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker
 from jobqueue.schema.migrate import MigrationError, migrate
@@ -138,6 +139,7 @@ def _run_worker(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    settle_collector()
     try:
         worker.run(once=args.once)
     finally:
