@@ -4,6 +4,7 @@ while another token's reads and every submit go on at once."""
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import replace
 
 import falcon.testing
@@ -12,7 +13,7 @@ from psycopg_pool import ConnectionPool
 from jobqueue.core.db import DictConnection
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import create_token
-from service.app import create_app
+from service.app import TURN_ROUTES, create_app
 from service.events.hub import EventHub
 from tests.helpers import fetch_one
 
@@ -31,10 +32,15 @@ def test_a_token_reading_back_to_back_waits_its_turn_and_other_tokens_do_not(
     assert web.simulate_get(f"{API}/mission/recent", headers=a).status_code == 200
     submitted = web.simulate_post(f"{API}/prompt", json={"text": "not a read"}, headers=a)
     assert submitted.status_code == 202
-    for method, path in (("GET", f"{API}/mission/recent"), ("GET", f"{API}/mission/prompts"),
-                         ("GET", f"{API}/jobs/{submitted.json['job_id']}"),
-                         ("GET", f"{API}/prompts/{submitted.json['prompt_id']}"),
-                         ("GET", f"{API}/usage"), ("POST", f"{API}/session")):
+    # NOTE: the turn is taken before the resource is looked up, so an unknown response id is
+    # refused like a known one.
+    reads = (("GET", f"{API}/mission/recent"), ("GET", f"{API}/mission/prompts"),
+             ("GET", f"{API}/jobs/{submitted.json['job_id']}"),
+             ("GET", f"{API}/prompts/{submitted.json['prompt_id']}"),
+             ("GET", f"{API}/responses/{uuid.uuid4()}"),
+             ("GET", f"{API}/usage"), ("POST", f"{API}/session"))
+    assert len(reads) == len(TURN_ROUTES)
+    for method, path in reads:
         refused = web.simulate_request(method, path, headers=a)
         assert refused.status_code == 429, path
         assert refused.headers["Retry-After"] == "1"
