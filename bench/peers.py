@@ -19,8 +19,8 @@ libraries are installed from PyPI by name into virtual environments cached under
 interpreter, one for oban, which needs Python >= 3.12 (found under pyenv, or SA_BENCH_PY312).
 A contender that cannot be installed or run says why in its row; the others go on.
 
-Contenders: `sa-core` is the real `sa-core run-worker` against `sa-core fake-provider` (full
-prompt jobs: HTTP call, response entity, edge, ledger, events); `sa-core-2p` the same with two
+Contenders: `sa-core` is the real `sa-core run-worker` against bench/slow_provider.py answering
+at once (full prompt jobs: HTTP call, response entity, edge, ledger, events); `sa-core-2p` the same with two
 worker processes (each at the concurrency); `sa-core-post` only measures `POST /prompt` through the
 Procfile's gunicorn for `--post-seconds` (closed loop, 32 keep-alive connections, one generator
 process; its enqueue/s column), to hold against the peers' single enqueues (one library call and

@@ -5,7 +5,10 @@ Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0] [--str
 
 A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
 2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
-then measures the worker, not this server. Keep-alive HTTP/1.1, Content-Length bodies only. It
+then measures the worker, not this server. With `--latency 0` it answers as soon as a request is
+read: the instant provider of bench/sustained.py and bench/peers.py, where `sa-core fake-provider`
+(a thread per connection) cost more CPU per call than the worker making it. Keep-alive HTTP/1.1,
+Content-Length bodies only. It
 prints `listening on PORT` once it is ready and reports calls answered (and connections) on
 SIGTERM.
 
@@ -150,8 +153,10 @@ class ProviderProtocol(asyncio.Protocol):
                 assert self._transport is not None
                 self._transport.write(_STREAM_HEAD)
                 loop.call_later(self._latency / self._stream, self._chunk, 1)
-            else:
+            elif self._latency > 0:
                 loop.call_later(self._latency, self._answer)
+            else:
+                self._answer()
 
     def _chunk(self, n: int) -> None:
         """Writes the n-th of the streamed answer's chunks (and the end after the last)."""

@@ -5,9 +5,11 @@ Usage: .venv/bin/python -m bench.sustained [--rate 500] [--seconds 300] [--repor
        .venv/bin/python -m bench.sustained --rate 300 --latency 1 --concurrency 1024
 
 Real processes, as the Procfile runs them: gunicorn -c python:service.gunicorn_conf (gevent, 2
-processes), one `sa-core run-worker` at its default concurrency (or `--concurrency`), and `sa-core
-fake-provider` answering at once (or, with `--latency`, bench/slow_provider.py answering every
-call after that many seconds, as an LLM does), on a scratch database. The load comes from one
+processes), one `sa-core run-worker` at its default concurrency (or `--concurrency`), and
+bench/slow_provider.py answering every call at once (or, with `--latency`, after that many
+seconds, as an LLM does), on a scratch database. A real provider runs on other machines, so the
+stand-in is the cheapest one at hand (raw asyncio): `sa-core fake-provider`, a thread per
+connection, took a tenth of the two cores at 1,000 calls/s. The load comes from one
 child process (this module with `--generate`) that reuses bench/enqueue_rates.py's one-thread
 selector driver with prepared request bytes, so the producer costs a few tens of microseconds per
 request and leaves the two cores to the server. It is open loop and light: request i is due at
@@ -300,10 +302,9 @@ def main() -> None:
     parser.add_argument("--report-every", type=float, default=10.0)
     parser.add_argument("--open-connections", type=int, default=64)
     parser.add_argument("--port", type=int, default=8771)
-    parser.add_argument("--provider-port", type=int, default=8772)
     parser.add_argument("--metrics-port", type=int, default=8773)
     parser.add_argument("--latency", type=float, default=0.0,
-                        help="seconds the provider takes per call (0: the fake provider, at once)")
+                        help="seconds the provider takes per call (0: at once)")
     parser.add_argument("--concurrency", type=int, help="the worker's (default: its own default)")
     # generator child only
     parser.add_argument("--generate", action="store_true", help=argparse.SUPPRESS)
@@ -315,14 +316,7 @@ def main() -> None:
     rates = [float(r) for r in args.rates.split(",")] if args.rates else [args.rate]
     with scratch_database() as url, psycopg.connect(url, autocommit=True) as db:
         token = bench_token(url)
-        provider: subprocess.Popen[Any]
-        if args.latency > 0:
-            provider, provider_url = start_slow_provider(args.latency)
-        else:
-            provider_url = f"http://127.0.0.1:{args.provider_port}"
-            provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port",
-                              str(args.provider_port)], {})
-            wait_http(f"{provider_url}/healthz")
+        provider, provider_url = start_slow_provider(args.latency)
         env = {"DATABASE_URL": url, "SA_PROVIDER_URL": provider_url}
         concurrency = [] if args.concurrency is None else ["--concurrency", str(args.concurrency)]
         worker = spawn([str(VENV_BIN / "sa-core"), "run-worker", *concurrency],

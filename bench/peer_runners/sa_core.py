@@ -7,7 +7,7 @@ Usage: .venv/bin/python -m bench.peer_runners.sa_core DATABASE_URL
 The database must already carry sa-core's migrations. Every job is a real prompt entity plus
 a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit) each.
 
-- full: real `sa-core run-worker --concurrency C` against `sa-core fake-provider` answering at
+- full: real `sa-core run-worker --concurrency C` against bench/slow_provider.py answering at
   once; each job makes an HTTP call and its finalize writes the response entity, the flows-to
   edge, the ledger and audit rows and the events. The worker is the shipped command, so
   pick-up uses whatever wake-up it ships with. Task start is not observable from outside the
@@ -15,7 +15,7 @@ a queued job written by `jobqueue.engine.enqueue.enqueue`, one call (one commit)
   inside the claim statement): a little earlier than the task's real start.
 - threads: as full, but `run-worker` without gevent's monkey-patching (one OS thread per job
   slot, the model before gevent), for bench/llm_shaped.py's comparison.
-- llm (full and threads): the burn-down against `--provider-url` instead of the fake provider; also
+- llm (full and threads): the burn-down against `--provider-url` instead of the instant one; also
   reports the worker process's CPU seconds and peak RSS (from /proc) at the end. With `--stream`
   that provider is one route with `"stream": true` (SA_PROVIDER_ROUTES), so every job asks for
   a streamed answer and writes its text as it arrives (bench/llm_shaped.py --stream).
@@ -56,7 +56,7 @@ from typing import Any
 
 import psycopg
 
-from bench.common import VENV_BIN, bench_token, percentile, spawn, wait_http, web_server
+from bench.common import VENV_BIN, bench_token, percentile, spawn, start_slow_provider, web_server
 from bench.enqueue_rates import ServerCpu, run_rate
 from bench.peer_runners._runner import WARMUP_JOBS, build_parser, emit
 from jobqueue.core.db import open_pool
@@ -217,12 +217,9 @@ class Runner:
     def _start_processes(self) -> None:
         provider_url = self.provider_url
         if provider_url is None:
-            port = _free_port()
-            provider = spawn([str(VENV_BIN / "sa-core"), "fake-provider", "--port", str(port)], {})
+            provider, provider_url = start_slow_provider(0.0)
             self.procs.append(provider)
             self.stops.append(lambda: _end(provider))
-            wait_http(f"http://127.0.0.1:{port}/healthz")
-            provider_url = f"http://127.0.0.1:{port}"
         env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": provider_url}
         if self.stream:
             env = {"DATABASE_URL": self.url, "SA_PROVIDER_URL": "", "SA_PROVIDER_ROUTES": json.dumps(
