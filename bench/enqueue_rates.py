@@ -21,7 +21,9 @@ Each rate runs `--warmup` s (not measured) then `--seconds` s. With `--rounds` >
 interleaved (100 300 1000 max, 100 300 ...) and the table shows the median of per-round figures
 (max ms: the largest of any round). Before the table, the generator is checked against
 GET /healthz (no database) at the highest fixed rate: if it cannot reach that rate, the
-rows at or above it measure the generator, not the server; use `--generators 2`.
+rows at or above it measure the generator, not the server; use `--generators 2`. The same check
+gives the web's CPU per request for a request that reaches no database and writes no log line:
+what gunicorn, gevent, Falcon and the middleware cost before a POST does any work.
 
 Each row also shows the CPU time per answered request of the generator(s), the web processes
 and the bench database's Postgres backends (read from /proc; "-" when the server is remote).
@@ -512,7 +514,9 @@ def main() -> None:
         print(f"generator check: GET /healthz at {max(fixed):,.0f}/s offered -> "
               f"{check['achieved']:,.0f}/s, p99 {percentile(check['latencies'], 99):.1f} ms, "
               f"send lag p99 {check['lag_p99']:.1f} ms, generator CPU "
-              f"{check['cpu_us'].get('gen', 0.0):.0f} us/request ({verdict})")
+              f"{check['cpu_us'].get('gen', 0.0):.0f} us/request ({verdict}); web CPU "
+              f"{check['cpu_us'].get('web', 0.0):.0f} us/request (the server's floor: no "
+              "database, no log line)")
     print()
     print(table(rows))
     print()
