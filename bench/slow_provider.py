@@ -6,11 +6,10 @@ Usage: .venv/bin/python -m bench.slow_provider [--port 0] [--latency 1.0] [--str
 A raw asyncio protocol (no framework, no thread per connection), so one process on a busy
 2-core machine holds thousands of calls in flight and spends little CPU on each: the benchmark
 then measures the worker, not this server. With `--latency 0` it answers as soon as a request is
-read: the instant provider of bench/sustained.py and bench/peers.py, where `sa-core fake-provider`
-(a thread per connection) cost more CPU per call than the worker making it. Keep-alive HTTP/1.1,
-Content-Length bodies only. It
-prints `listening on PORT` once it is ready and reports calls answered (and connections) on
-SIGTERM.
+read: the instant provider of bench/sustained.py and bench/peers.py, where `sa-core
+fake-provider` (a thread per connection) took three times its CPU per call (docs/performance.md).
+Keep-alive HTTP/1.1, Content-Length bodies only. It prints `listening on PORT` once it is ready
+and reports calls answered (and connections) on SIGTERM.
 
 `--host` lists the addresses to listen on (the same port on each); `--reuse-port` lets several
 processes listen on the same addresses and port (SO_REUSEPORT: the kernel spreads new
