@@ -71,6 +71,7 @@ class TcpProxy:
         self._closed = False
         self._clients: set[socket.socket] = set()
         self._terminating: set[socket.socket] = set()
+        self._terminating_alone: set[socket.socket] = set()
         self._counts: dict[int, FrontendCount] = {}
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -91,6 +92,13 @@ class TcpProxy:
         other sessions have their FATAL too (the kill is over), and the lines close."""
         with self._lock:
             self._terminating.update(self._clients)
+
+    def terminate_each_on_its_next_query(self) -> None:
+        """Ends every open session as pg_terminate_backend does while its backends are still
+        exiting: each session answers FATAL 57P01 to the next message its own client sends, and
+        the others show nothing until they ask."""
+        with self._lock:
+            self._terminating_alone.update(self._clients)
 
     def frontend(self, client_port: int) -> FrontendCount:
         """What the client connected from `client_port` (its local port) has sent so far."""
@@ -146,6 +154,9 @@ class TcpProxy:
                     doomed = ([c for c in self._terminating if c is not src] + [src]
                               if ending else [])
                     self._terminating.difference_update(doomed)
+                    if src in self._terminating_alone:
+                        self._terminating_alone.discard(src)
+                        ending, doomed = True, [src]
                 for client in doomed:
                     with contextlib.suppress(OSError):
                         client.sendall(ADMIN_SHUTDOWN)

@@ -96,6 +96,25 @@ def test_a_session_the_server_ends_under_a_request_is_retried_not_shown(
         web_pool.close()
 
 
+def test_a_kill_still_under_way_on_the_other_idle_sessions_is_not_shown(
+    proxied: Settings, proxy: TcpProxy, auth: dict[str, str],
+) -> None:
+    web_pool = open_pool(proxied.database_url, name="web-killing", min_size=3, max_size=3)
+    try:
+        client = falcon.testing.TestClient(create_app(replace(proxied, token_cache_ttl=0),
+                                                      web_pool))
+        submit(client, auth, text="before the kill")
+        wait_for(lambda: web_pool.get_stats().get("pool_available", 0) == 3)
+        # NOTE: the request's first session fails on its first statement and the next two still
+        # look alive at checkout: only a round trip shows they are going too.
+        proxy.terminate_each_on_its_next_query()
+        result = client.simulate_post("/sa-core/v1/prompt", json={"text": "during the kill"},
+                                      headers=auth)
+        assert result.status_code == 202, result.text
+    finally:
+        web_pool.close()
+
+
 def test_worker_survives_a_database_outage_and_loses_nothing(
     proxied: Settings, proxy: TcpProxy, pool: ConnectionPool[DictConnection], caller: Caller,
 ) -> None:

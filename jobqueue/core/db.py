@@ -195,7 +195,10 @@ def reconnecting(pool: ConnectionPool[DictConnection], work: Callable[[DictConne
 
     The checkout check (`_check_idle`) only sees a connection the server has already closed; one
     it is terminating at that moment (a backend killed, a failover under way) passes, and its
-    first statement fails. Retried here, a kill that is over is never shown to a client as a 503.
+    first statement fails. Such a kill rarely ends one connection alone, and the next checkout
+    could hand out another that is still going: before the second try every idle connection is
+    tested by a round trip (`pool.check()`), which waits out a backend that is still exiting.
+    So a kill that is over is never shown to a client as a 503.
 
     Only for work that is safe to run twice: reads, and writes that recognize their own first try
     (enqueue writes ids chosen beforehand, so a second try finds them taken).
@@ -210,5 +213,6 @@ def reconnecting(pool: ConnectionPool[DictConnection], work: Callable[[DictConne
             if not terminated(conn, exc):
                 raise
             log.info("db.connection_terminated", pool=pool.name, sqlstate=exc.sqlstate)
+    pool.check()
     with pool.connection() as conn:
         return work(conn)
