@@ -20,11 +20,11 @@ interpreter, one for oban, which needs Python >= 3.12 (found under pyenv, or SA_
 A contender that cannot be installed or run says why in its row; the others go on.
 
 Contenders: `sa-core` is the real `sa-core run-worker` against bench/slow_provider.py answering
-at once (full prompt jobs: HTTP call, response entity, edge, ledger, events); `sa-core-2p` the same with two
-worker processes (each at the concurrency); `sa-core-post` only measures `POST /prompt` through the
-Procfile's gunicorn for `--post-seconds` (closed loop, 32 keep-alive connections, one generator
-process; its enqueue/s column), to hold against the peers' single enqueues (one library call and
-commit each, on one connection) in the same run; `sa-core-noop` runs the same
+at once (full prompt jobs: HTTP call, response entity, edge, ledger, events); `sa-core-2p` the
+same with two worker processes (each at the concurrency); `sa-core-post` only measures
+`POST /prompt` through the Procfile's gunicorn for `--post-seconds` (closed loop, 32 keep-alive
+connections, one generator process; its enqueue/s column), to hold against the peers' single
+enqueues (one library call and commit each, on one connection) in the same run; `sa-core-noop` runs the same
 Worker/Executor/finalize in one process with a provider stub and the LISTEN wake-up wired as
 the tests wire it (see bench/peer_runners/sa_core.py); the others run a no-op task.
 """
