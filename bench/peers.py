@@ -24,9 +24,10 @@ at once (full prompt jobs: HTTP call, response entity, edge, ledger, events); `s
 same with two worker processes (each at the concurrency); `sa-core-post` only measures
 `POST /prompt` through the Procfile's gunicorn for `--post-seconds` (closed loop, 32 keep-alive
 connections, one generator process; its enqueue/s column), to hold against the peers' single
-enqueues (one library call and commit each, on one connection) in the same run; `sa-core-noop` runs the same
-Worker/Executor/finalize in one process with a provider stub and the LISTEN wake-up wired as
-the tests wire it (see bench/peer_runners/sa_core.py); the others run a no-op task.
+enqueues (one library call and commit each, on one connection) in the same run;
+`sa-core-noop` runs the same Worker/Executor/finalize in one process with a provider stub and
+the LISTEN wake-up wired as the tests wire it (see bench/peer_runners/sa_core.py); the others
+run a no-op task.
 """
 
 from __future__ import annotations
