@@ -153,6 +153,12 @@ def until(driver: WebDriver, condition: Callable[[WebDriver], Any], timeout: flo
                                              StaleElementReferenceException)).until(condition)
 
 
+def press(driver: WebDriver, by: str, selector: str) -> None:
+    """Clicks what `selector` finds, finding it again when the page re-rendered it between the
+    look and the click (counts, states and the ops tables are redrawn as events arrive)."""
+    until(driver, lambda d: d.find_element(by, selector).click() or True)
+
+
 def _visible(driver: WebDriver, element_id: str) -> Any:
     node = driver.find_element(By.ID, element_id)
     return node if node.is_displayed() else None
@@ -361,13 +367,13 @@ def test_focus_stays_where_the_action_left_it(
     prompt_id = viewer.submit(text)["prompt_id"]
     drop_in(page, text, "queued")
     in_drop = f'#field .drop[data-prompt-id="{prompt_id}"]'
-    page.find_element(By.CSS_SELECTOR, f"{in_drop} button.cancel").click()
+    press(page, By.CSS_SELECTOR, f"{in_drop} button.cancel")
     drop_in(page, text, "cancelled")
     focused = page.switch_to.active_element
     assert focused.get_attribute("data-prompt-id") == prompt_id, "the cancelled drop keeps the focus"
     for job_id in blockers:
         viewer.cancel(job_id)
-    page.find_element(By.CSS_SELECTOR, f"{in_drop} button.retry").click()
+    press(page, By.CSS_SELECTOR, f"{in_drop} button.retry")
     drop_in(page, text, "succeeded")
     assert page.execute_script(
         "return document.querySelector(arguments[0]).contains(document.activeElement)", in_drop)
@@ -561,10 +567,10 @@ def test_the_drops_filter_by_state_with_counts_and_by_a_searched_text(
     chips = ("return [...document.querySelectorAll('#state-filter button')]"
              ".map((b) => b.textContent + (b.getAttribute('aria-pressed') === 'true' ? '*' : ''))")
     until(page, lambda d: d.execute_script(chips) == ["all 3*", "succeeded 2", "failed 1"])
-    page.find_element(By.CSS_SELECTOR, '#state-filter [data-state="failed"]').click()
+    press(page, By.CSS_SELECTOR, '#state-filter [data-state="failed"]')
     until(page, lambda d: d.execute_script(shown) == [texts[2]])
     assert page.execute_script(chips) == ["all 3", "succeeded 2", "failed 1*"]
-    page.find_element(By.CSS_SELECTOR, '#state-filter [data-state="all"]').click()
+    press(page, By.CSS_SELECTOR, '#state-filter [data-state="all"]')
     page.find_element(By.ID, "search").send_keys("PEAR")
     until(page, lambda d: d.execute_script(shown) == [texts[1]])
     # NOTE: answers are searched too: the echo of the apple prompt holds its text.
@@ -768,12 +774,12 @@ def test_the_operator_view_shows_every_orgs_queue_and_cancels_and_retries(
     until(page, lambda d: [c.text for c in d.find_elements(By.XPATH, f"{row}/td")][1:3] == ["1", "2"])
     running = f"//table[@id='running']//button[@data-job-id='{blockers[0]}']"
     until(page, lambda d: d.find_elements(By.XPATH, running))
-    page.find_element(By.XPATH, running).click()
+    press(page, By.XPATH, running)
     until(page, lambda d: not d.find_elements(By.XPATH, running))
     retry = f"//table[@id='failures']//button[@data-job-id='{failing['job_id']}']"
     until(page, lambda d: d.find_elements(By.XPATH, retry))
     until(page, lambda d: "provider_4xx" in d.find_element(By.ID, "kinds").text)
-    page.find_element(By.XPATH, retry).click()
+    press(page, By.XPATH, retry)
     until(page, lambda d: not d.find_elements(By.XPATH, retry))
     user.cancel(blockers[1])
     states = httpx.get(f"{web}{API}/prompts/{failing['prompt_id']}", headers=user.headers).json()
@@ -836,8 +842,7 @@ def test_axe_finds_no_serious_violation_on_the_page_in_its_main_states(
     until(page, lambda d: (x := drop(d, "answers with code\n\n```\nprint(1)\n```"))
           and x["state"] == "succeeded")
     assert serious_violations(page) == [], "drops queued, failed and succeeded"
-    until(page, lambda d: d.find_element(By.CSS_SELECTOR, "#field .drop.is-orphan a.details").click()
-          or True)
+    press(page, By.CSS_SELECTOR, "#field .drop.is-orphan a.details")
     until(page, lambda d: d.execute_script(_ATTEMPTS))
     assert serious_violations(page) == [], "a prompt's details"
     page.find_element(By.ID, "detail-close").click()
@@ -860,9 +865,7 @@ def test_a_prompts_details_show_every_attempt_and_have_an_address_of_their_own(
     text = f"flaky once {uuid.uuid4().hex[:6]} [fake:flaky=1]"
     prompt_id = viewer.submit(text, options={"temperature": 0.5})["prompt_id"]
     drop_in(page, text, "succeeded")
-    # NOTE: an event may draw the drop anew between finding its link and clicking it.
-    until(page, lambda d: d.find_element(
-        By.CSS_SELECTOR, f'#field .drop[data-prompt-id="{prompt_id}"] a.details').click() or True)
+    press(page, By.CSS_SELECTOR, f'#field .drop[data-prompt-id="{prompt_id}"] a.details')
     # NOTE: the model the worker called (its SA_PROVIDER_MODEL), as the ledger has it.
     model = fetch_one(mission_pool, "SELECT model FROM sa_ledger l JOIN sa_job j ON j.id = l.job_id "
                                     "WHERE j.prompt_id = %s LIMIT 1", prompt_id)["model"]
