@@ -147,16 +147,18 @@ class TcpProxy:
         try:
             while data := src.recv(65536):
                 with self._lock:
-                    ending = src in self._terminating
-                    # NOTE: the asking client last: when its FATAL arrives, every other session
-                    # already has its own, as when a kill is over (a client that retried at
-                    # once could otherwise check a connection whose FATAL was not sent yet).
-                    doomed = ([c for c in self._terminating if c is not src] + [src]
-                              if ending else [])
-                    self._terminating.difference_update(doomed)
                     if src in self._terminating_alone:
                         self._terminating_alone.discard(src)
                         ending, doomed = True, [src]
+                    else:
+                        ending = src in self._terminating
+                        # NOTE: the asking client last: when its FATAL arrives, every other
+                        # session already has its own, as when a kill is over (a client that
+                        # retried at once could otherwise check a connection whose FATAL was
+                        # not sent yet).
+                        doomed = ([c for c in self._terminating if c is not src] + [src]
+                                  if ending else [])
+                        self._terminating.difference_update(doomed)
                 for client in doomed:
                     with contextlib.suppress(OSError):
                         client.sendall(ADMIN_SHUTDOWN)

@@ -97,7 +97,7 @@ def test_a_session_the_server_ends_under_a_request_is_retried_not_shown(
 
 
 def test_a_kill_still_under_way_on_the_other_idle_sessions_is_not_shown(
-    proxied: Settings, proxy: TcpProxy, auth: dict[str, str],
+    proxied: Settings, proxy: TcpProxy, auth: dict[str, str], pool: ConnectionPool[DictConnection],
 ) -> None:
     web_pool = open_pool(proxied.database_url, name="web-killing", min_size=3, max_size=3)
     try:
@@ -111,6 +111,8 @@ def test_a_kill_still_under_way_on_the_other_idle_sessions_is_not_shown(
         result = client.simulate_post("/sa-core/v1/prompt", json={"text": "during the kill"},
                                       headers=auth)
         assert result.status_code == 202, result.text
+        assert fetch_one(pool, "SELECT count(*) AS n FROM sa_job WHERE id = %s",
+                         result.json["job_id"])["n"] == 1
     finally:
         web_pool.close()
 
