@@ -107,7 +107,7 @@ HOT_PATH = [
                  {**_CLAIM, "token_window": 60.0}, job_q.JOB_PLAN_SETTINGS),
     HotStatement("claim_org_capped", claim_q.JOB_CLAIM_MANY_ORG_CAPPED, _CLAIM,
                  job_q.JOB_PLAN_SETTINGS, reads_backlog=True),
-    HotStatement("finalize_mixed", job_q.JOB_SET_STATE_IF_RUNNING_MANY, _FINALIZE, prepared=False),
+    HotStatement("finalize_mixed", job_q.JOB_SET_STATE_IF_RUNNING_MANY, _FINALIZE),
     HotStatement("reject", job_q.JOB_REJECT_MANY_IF_CLAIMED,
                  {"job_ids": _IDS, "attempts": [1] * 3, "error_kinds": ["invalid_options"] * 3,
                   "error_messages": ["m"] * 3, "claim": "w1"}, prepared=False),

@@ -79,7 +79,10 @@ SELECT set_config('enable_sort', 'off', true), set_config('enable_bitmapscan', '
 # (jobqueue/engine/chains.py). The statement fails as a whole if any insert does
 # (jobqueue/engine/isolation.py then splits the batch). The answer is (id, attempt,
 # to_state, dependents) per job written, with the attempt it was claimed at.
-# PERF: one statement, so one round trip and one commit for a whole mixed batch.
+# PERF: one statement, so one round trip and one commit for a whole mixed batch. It is prepared,
+# so its generic plan must probe at any table size: the jobs are named by `id = ANY(...)` besides
+# the join to the batch, and the prompt and the partial text by key, or a plan cached while the
+# tables were small would read a whole index for every batch once they have grown.
 JOB_SET_STATE_IF_RUNNING_MANY = """
 WITH done AS (
     SELECT *
@@ -111,7 +114,8 @@ WITH done AS (
            error_kind = done.error_kind,
            error_message = done.error_message
       FROM done
-     WHERE j.id = done.job_id
+     WHERE j.id = ANY(%(job_id)s::uuid[])
+       AND j.id = done.job_id
        AND j.state IS NOT DISTINCT FROM 'running'
        AND j.worker_claim = done.claim
        AND j.attempt = done.attempt
@@ -120,10 +124,10 @@ WITH done AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, parent_id, correlation_id,
                            causation_id, content, source_refs, truth_class, state_class)
     SELECT done.response_id, 'response', job.org_id, job.created_by, job.prompt_id,
-           prompt.correlation_id, job.prompt_id, done.content, '[]'::jsonb, 'generated', 'settled'
+           (SELECT prompt.correlation_id FROM sa_entity prompt WHERE prompt.id = job.prompt_id),
+           job.prompt_id, done.content, '[]'::jsonb, 'generated', 'settled'
       FROM job
       JOIN done ON done.job_id = job.id AND done.attempt = job.attempt
-      JOIN sa_entity prompt ON prompt.id = job.prompt_id
      WHERE job.to_state = 'succeeded'
     RETURNING id, parent_id, org_id, created_by
 ), edge AS (
@@ -153,7 +157,8 @@ WITH done AS (
      GROUP BY job.org_id
     ON CONFLICT (org_id, day, shard) DO UPDATE SET cost = s.cost + excluded.cost
 ), partial AS (
-    DELETE FROM sa_job_delta p USING job WHERE p.job_id = job.id
+    DELETE FROM sa_job_delta p USING job
+     WHERE p.job_id = ANY(%(job_id)s::uuid[]) AND p.job_id = job.id
 )
 SELECT id, attempt, to_state,
        EXISTS (SELECT 1 FROM sa_job d WHERE d.after_job_id = job.id AND d.waiting) AS dependents
