@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -25,11 +25,9 @@ from typing import Any
 import httpx
 import pytest
 from psycopg_pool import ConnectionPool
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
@@ -37,7 +35,7 @@ from jobqueue.core.tokens import issue_token, revoke_token
 from jobqueue.devtools.embedded_db import scratch_database
 from jobqueue.devtools.fake_provider import FakeProvider
 from tests.axe import serious_violations
-from tests.browser import chromium
+from tests.browser import chromium, press, until
 from tests.helpers import REPO, fetch_one, free_port
 from tests.processes import gunicorn, run_process
 
@@ -46,9 +44,6 @@ from tests.processes import gunicorn, run_process
 pytestmark = pytest.mark.xdist_group("mission_page")
 
 API = "/sa-core/v1"
-
-WAIT = 30.0
-"""Seconds any page state is waited for; the page is polled every 50 ms, never slept on."""
 
 _org_ids = iter(range(100, 10_000))
 
@@ -144,19 +139,6 @@ class Viewer:
     def cancel(self, job_id: str) -> None:
         answer = httpx.post(f"{self.base}{API}/jobs/{job_id}/cancel", headers=self.headers, timeout=10)
         assert answer.status_code in (200, 409), answer.text
-
-
-def until(driver: WebDriver, condition: Callable[[WebDriver], Any], timeout: float = WAIT) -> Any:
-    # NOTE: a page that re-renders (or reloads on sign-out) between two looks leaves stale elements.
-    return WebDriverWait(driver, timeout, poll_frequency=0.05,
-                         ignored_exceptions=(NoSuchElementException,
-                                             StaleElementReferenceException)).until(condition)
-
-
-def press(driver: WebDriver, by: str, selector: str) -> None:
-    """Clicks what `selector` finds, finding it again when the page re-rendered it between the
-    look and the click (counts, states and the ops tables are redrawn as events arrive)."""
-    until(driver, lambda d: d.find_element(by, selector).click() or True)
 
 
 def _visible(driver: WebDriver, element_id: str) -> Any:

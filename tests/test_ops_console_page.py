@@ -9,31 +9,27 @@ route; and, with an `ops:read` token, see the same views with no action on them.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
 
 import httpx
 import pytest
 from psycopg_pool import ConnectionPool
-from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
-from selenium.webdriver.support.ui import WebDriverWait
 
 from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import issue_token
 from jobqueue.devtools.embedded_db import scratch_database
 from tests.axe import serious_violations
-from tests.browser import chromium
+from tests.browser import chromium, press, until
 from tests.helpers import fetch_one
 from tests.processes import gunicorn
 
 pytestmark = pytest.mark.xdist_group("ops_console_page")
 
 API = "/sa-core/v1"
-WAIT = 30.0
 
 
 @pytest.fixture(scope="module")
@@ -70,12 +66,6 @@ def page(browser: WebDriver, web: str) -> WebDriver:
     return browser
 
 
-def until(driver: WebDriver, condition: Callable[[WebDriver], Any]) -> Any:
-    return WebDriverWait(driver, WAIT, poll_frequency=0.05,
-                         ignored_exceptions=(NoSuchElementException,
-                                             StaleElementReferenceException)).until(condition)
-
-
 def sign_in(driver: WebDriver, web: str, token: str) -> None:
     driver.get(f"{web}/mission/ops")
     field = until(driver, lambda d: (n := d.find_element(By.ID, "token")).is_displayed() and n)
@@ -105,18 +95,18 @@ def test_filter_open_a_history_bulk_cancel_after_the_count_and_find_it_in_the_lo
     until(page, lambda d: d.find_elements(By.CSS_SELECTOR, "#chart-jobs svg polyline.s0"))
 
     page.find_element(By.ID, "f-org").send_keys(str(org))
-    page.find_element(By.ID, "f-apply").click()
+    press(page, By.ID, "f-apply")
     links = "//table[@id='jobs']//a[@data-job-id]"
     until(page, lambda d: d.find_element(By.ID, "jobs").get_attribute("data-filter") == f"org={org}")
     until(page, lambda d: sorted(a.get_attribute("data-job-id")
                                  for a in d.find_elements(By.XPATH, links)) == sorted(jobs))
-    page.find_element(By.XPATH, f"{links}[@data-job-id='{jobs[0]}']").click()
+    press(page, By.XPATH, f"{links}[@data-job-id='{jobs[0]}']")
     assert page.current_url.endswith(f"#job={jobs[0]}"), "a job has an address"
     until(page, lambda d: visible(d, "job") and "(created)" in text_of(d, "job-transitions"))
 
-    page.find_element(By.ID, "bulk-count").click()
+    press(page, By.ID, "bulk-count")
     until(page, lambda d: text_of(d, "bulk-summary").startswith("3 jobs match: 3 can be cancelled"))
-    page.find_element(By.ID, "bulk-cancel").click()
+    press(page, By.ID, "bulk-cancel")
     until(page, lambda d: "Cancelled 3 jobs" in text_of(d, "bulk-summary"))
     assert fetch_one(ops_pool, "SELECT count(*) AS n FROM sa_job WHERE org_id = %s "
                                "AND state = 'cancelled'", org)["n"] == 3
@@ -132,9 +122,9 @@ def test_pause_and_resume_a_route_from_the_console(
     sign_in(page, web, issue_token(ops_pool, 9, 91, scopes=("ops",)).token)
     state = "//span[@class='route-state'][@data-route='default']"
     until(page, lambda d: d.find_element(By.XPATH, state).text == "running")
-    page.find_element(By.XPATH, "//button[@aria-label='Pause route default']").click()
+    press(page, By.XPATH, "//button[@aria-label='Pause route default']")
     until(page, lambda d: d.find_element(By.XPATH, state).text.startswith("paused"))
-    page.find_element(By.XPATH, "//button[@aria-label='Resume route default']").click()
+    press(page, By.XPATH, "//button[@aria-label='Resume route default']")
     until(page, lambda d: d.find_element(By.XPATH, state).text == "running")
     until(page, lambda d: "resume_route" in text_of(d, "audit") and "pause_route" in text_of(d, "audit"))
 
@@ -176,6 +166,6 @@ def test_axe_finds_no_serious_violation_on_the_console_in_its_main_states(
             "return document.documentElement.scrollWidth <= window.innerWidth"))
     finally:
         page.set_window_size(1280, 900)
-    page.find_element(By.XPATH, f"{links}[@data-job-id='{job}']").click()
+    press(page, By.XPATH, f"{links}[@data-job-id='{job}']")
     until(page, lambda d: visible(d, "job") and "(created)" in text_of(d, "job-transitions"))
     assert serious_violations(page) == [], "a job's history"
