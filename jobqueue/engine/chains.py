@@ -132,7 +132,8 @@ def _write(conn: DictConnection, statement: str, ids: list[uuid.UUID], what: str
            key: str = "job_ids") -> list[Row]:
     """Runs one settling statement over `ids`, splitting around a predecessor it cannot write."""
     def run(c: DictConnection, part: Sequence[uuid.UUID]) -> list[Row]:
-        # NOTE: planned for each call, as engine/finalize.py's batch is (see there).
+        # NOTE: planned for each call (prepare=False): rare, and a generic plan cached while
+        # sa_job was small could walk all of its key (docs/architecture.md, "Plans that hold under load").
         return c.execute(statement, {key: list(part)}, prepare=False).fetchall()
 
     done = write_isolated(conn, ids, run)

@@ -264,7 +264,8 @@ def _reject_undecodable(
     bad = [r for r in rows if r["id"] in errors]
 
     def reject(c: DictConnection, part: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-        # NOTE: planned for each batch, as finalize.py's statement is (see there).
+        # NOTE: planned for each batch (prepare=False): rare, and a generic plan cached while
+        # sa_job was small could walk all of its key (docs/architecture.md, "Plans that hold under load").
         return c.execute(q.JOB_REJECT_MANY_IF_CLAIMED, {
             "job_ids": [r["id"] for r in part], "attempts": [r["attempt"] for r in part],
             "error_kinds": [ErrorKind.INVALID_OPTIONS.value] * len(part),

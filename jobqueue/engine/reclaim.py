@@ -139,7 +139,8 @@ class Reclaimer:
         as_of = rows[0]["as_of"]
 
         def write(c: DictConnection, part: Sequence[tuple[Row, ReclaimDecision]]) -> list[Row]:
-            # NOTE: planned for each page, as engine/finalize.py's batch is (see there).
+            # NOTE: planned for each page (prepare=False): rare, and a generic plan cached while
+            # sa_job was small could walk all of its key (docs/architecture.md, "Plans that hold under load").
             return c.execute(q.JOB_RECLAIM_MANY_IF_CLAIMED_AND_STALE, {
                 "job_ids": [r["id"] for r, _ in part],
                 "claims": [r["worker_claim"] for r, _ in part],
