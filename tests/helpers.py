@@ -145,16 +145,20 @@ _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s")
 
 
 def plan_tree(conn: psycopg.Connection[Any], statement: Any, params: Any = None, *,
-              generic: bool = False) -> dict[str, Any]:
+              generic: bool = False, analyze: bool = False) -> dict[str, Any]:
     """EXPLAINs `statement` and returns the root node of its plan.
+
+    With `analyze`, the statement runs (EXPLAIN ANALYZE: roll the caller's transaction back)
+    and each node carries what it really read (`Actual Rows`, `Rows Removed by Filter`).
 
     With `generic`, the plan Postgres caches for a prepared statement (the one a long-lived
     session reuses) instead of one planned for these values: the statement is PREPAREd with $n
     placeholders and EXPLAIN EXECUTEd under plan_cache_mode = force_generic_plan. Runs in the
     caller's transaction.
     """
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " if analyze else "EXPLAIN (FORMAT JSON) "
     if not generic:
-        row = conn.execute("EXPLAIN (FORMAT JSON) " + statement, params).fetchone()
+        row = conn.execute(explain + statement, params).fetchone()
     else:
         names: list[str | int] = []
 
@@ -172,8 +176,8 @@ def plan_tree(conn: psycopg.Connection[Any], statement: Any, params: Any = None,
             # NOTE: literals, not bound parameters: EXECUTE's arguments take the prepared types.
             args = sql.SQL(", ").join(sql.Literal(v) for v in values)
             call = sql.SQL("({})").format(args) if values else sql.SQL("")
-            row = conn.execute(sql.SQL("EXPLAIN (FORMAT JSON) EXECUTE sa_plan_probe{}").format(
-                call)).fetchone()
+            execute = sql.SQL("EXECUTE sa_plan_probe{}").format(call)
+            row = conn.execute(sql.SQL(explain) + execute).fetchone()
         finally:
             conn.execute("DEALLOCATE sa_plan_probe")
     assert row is not None

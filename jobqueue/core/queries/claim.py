@@ -81,7 +81,12 @@ SELECT claimed.*, (
 # low-priority jobs stay behind its own more urgent ones (they are not among its heads).
 # PERF: reads at most (orgs with queued work) x `limit` index entries and sorts only those, so
 # its cost grows with the number of orgs waiting, never with the backlog (tests/test_plans.py,
-# bench/fairness.py). Run under JOB_PLAN_SETTINGS.
+# bench/fairness.py). Run under JOB_PLAN_SETTINGS. Two details keep it so, each once a read of
+# the whole queue per claim: the window's frame is ROWS (the default RANGE frame reads every
+# peer of a row first, and the jobs of one group submit or batch share their scheduled_for),
+# and the loose scan's last row, a NULL org, joins no heads (walking an index led by org_id
+# for it finds nothing, but a plan that walks sa_job_claim_idx and filters on org_id reads the
+# whole queue to find nothing).
 # NOTE: `held_orgs` (the orgs past their budget, SA_ORG_BUDGET_DAILY/_MONTHLY) are passed over
 # whole: their queued jobs wait, unclaimed, until the budget frees (jobqueue/engine/spend.py).
 # NOTE: the claim's choice, shared with JOB_CLAIM_CANDIDATES: a job set aside in
@@ -102,7 +107,8 @@ WITH RECURSIVE orgs AS (
       FROM orgs
      CROSS JOIN LATERAL (
            SELECT j.id, j.org_id, j.priority, j.scheduled_for,
-                  row_number() OVER (PARTITION BY j.priority ORDER BY j.scheduled_for) AS turn
+                  row_number() OVER (PARTITION BY j.priority ORDER BY j.scheduled_for
+                                     ROWS UNBOUNDED PRECEDING) AS turn
              FROM sa_job j
             WHERE j.state = 'queued'
               AND NOT j.waiting
@@ -113,6 +119,7 @@ WITH RECURSIVE orgs AS (
               AND NOT EXISTS (SELECT 1 FROM sa_job_quarantine qq WHERE qq.job_id = j.id)
             ORDER BY j.priority, j.scheduled_for
             LIMIT %(limit)s) AS head
+     WHERE orgs.org_id IS NOT NULL
 """
 
 _CLAIM_CHOICE = (
