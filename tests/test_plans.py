@@ -383,8 +383,8 @@ def test_a_claim_reads_its_batch_not_the_backlog(backlog: DictConnection, name: 
     # really read, over one org's 100,000 queued jobs, all due at the same instant. Each was once
     # a read of the whole queue: the heads' window read every peer of its first row (its RANGE
     # frame), and, once ANALYZE saw a single org, the loose scan's last row (a NULL org) walked
-    # sa_job_claim_idx for heads no job has (68 ms a claim of 8 there, against 3.8 ms; here, with
-    # both, minutes).
+    # sa_job_claim_idx for heads no job has (over such a queue with distinct due times, 68 ms a
+    # claim of 8 against 3.8 ms now; here, with both faults, minutes).
     hot = next(h for h in HOT_PATH if h.name == name)
     assert hot.prelude is not None
     read = {}
