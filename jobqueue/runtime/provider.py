@@ -38,10 +38,9 @@ from jobqueue.runtime.provider_answer import (
 from jobqueue.runtime.provider_stream import ChunkedBody, StreamedAnswer, poller
 from jobqueue.runtime.provider_transport import (
     Connection,
-    DeadlineHTTPConnection,
-    DeadlineHTTPSConnection,
     DeadlineReader,
     SourceAddresses,
+    TLSConnection,
     cut,
     environment_proxy,
     idle_socket_readable,
@@ -322,11 +321,11 @@ class Provider:
             host, port = self._proxy.hostname or "", self._proxy.port or 80
         timeout = min(self._connect_timeout, remaining(deadline))
         if self._tls is not None:
-            conn = DeadlineHTTPSConnection(host, port, timeout=timeout, context=self._tls)
+            conn = TLSConnection(host, port, timeout=timeout, context=self._tls)
             if self._proxy is not None:
                 conn.set_tunnel(self._host, self._port, headers=self._tunnel_headers)
         else:
-            conn = DeadlineHTTPConnection(host, port, timeout=timeout)
+            conn = Connection(host, port, timeout=timeout)
         if self._sources is not None:
             conn._create_connection = self._sources.connect
         # NOTE: the deadline bounds the proxy's CONNECT answer too.
