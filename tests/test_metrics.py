@@ -287,7 +287,7 @@ def test_a_worker_serves_its_own_metrics_and_logs_each_transition_without_text(
         held = parse(_get(f"http://127.0.0.1:{port}/metrics").text)
         assert value(held, "sa_worker_slots", state="busy") == 1
         assert value(held, "sa_worker_slots", state="free") == 1
-        assert value(samples, "sa_db_pool_connections", pool="worker", state="max") == 5
+        assert value(samples, "sa_db_pool_connections", pool="worker", state="max") == 6
         assert [s for s in samples if s[0] == "sa_build_info"] != []
         # NOTE: only what a worker produces: no web family, not even an empty one.
         assert "sa_http_request_seconds" not in page.text and "sa_jobs_enqueued" not in page.text

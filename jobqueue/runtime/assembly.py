@@ -30,9 +30,9 @@ from jobqueue.runtime.worker import Worker, WorkerConfig
 
 __all__ = ["AssembledWorker", "assemble_worker", "open_descriptors", "worker_config"]
 
-# NOTE: job slots never hold a connection: the claim loop, the heartbeat, the completer and the
-# delta writer each borrow one for a statement, whatever the concurrency.
-_POOL_SIZE = 5
+# NOTE: job slots never hold a connection: the two claim loops, the heartbeat, the completer and
+# the delta writer each borrow one for a statement, whatever the concurrency.
+_POOL_SIZE = 6
 # NOTE: descriptors a worker holds besides its slots' provider sockets (database sessions, the
 # hub, logs, the metrics server), with room to spare.
 _SPARE_DESCRIPTORS = 100

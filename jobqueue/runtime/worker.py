@@ -44,6 +44,15 @@ DEFAULT_CONCURRENCY = 512
 # NOTE: due times a worker keeps in mind; the rest it learns from the database when a poll ends.
 _MAX_DUES = 256
 
+# PERF: claim rounds in flight at once: slots freed while a claim waits on the database are
+# claimed by the other round instead of after it. The second round claims only when at least
+# _SECOND_ROUND_LEAST slots are free (the first, for any): with thousands of calls in flight a claim
+# takes hundreds of jobs and lasts 100 ms or more, and a second round keeps freed slots filled
+# meanwhile; with a few dozen slots a second round only split the claims in two, more and smaller
+# statements, and full jobs burned down 11-14 % slower than with one (docs/performance.md).
+_CLAIMERS = 2
+_SECOND_ROUND_LEAST = 64
+
 log = structlog.get_logger(__name__)
 
 
@@ -118,7 +127,10 @@ class Worker:
         self._inflight: dict[uuid.UUID, _Run] = {}
         self._finishing: set[uuid.UUID] = set()
         self._lock = threading.Lock()
-        self._wake = threading.Event()
+        # NOTE: one per claim loop, so a loop clearing its own never swallows another's wake-up.
+        self._wakes = tuple(threading.Event() for _ in range(_CLAIMERS))
+        # NOTE: the free slots each loop needs to claim; a loop is woken by a freed slot only then.
+        self._leasts = (1, *[min(_SECOND_ROUND_LEAST, config.claim_limit)] * (_CLAIMERS - 1))
         self._idle = threading.Condition(self._lock)
         self._stopping = threading.Event()
         # NOTE: the due times heard of (time.monotonic()), soonest first, so a job due sooner than
@@ -128,6 +140,9 @@ class Worker:
         self._runs: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._runners: list[threading.Thread] = []
         self._idle_runners = 0
+        # NOTE: free slots that a claim round in flight may fill; no other round counts them.
+        self._claiming = 0
+        self._claimers: list[threading.Thread] = []
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
         self.claim_failures = 0
@@ -135,14 +150,27 @@ class Worker:
         # NOTE: the orgs past their budget are re-read at most once per poll interval (1 s at most).
         self._held = HeldOrgs(pool, config.budgets, ttl=min(config.poll_interval, 1.0))
 
+    def _wake_all(self) -> None:
+        for wake in self._wakes:
+            wake.set()
+
+    def _wake_for(self, free: int) -> None:
+        """Wakes the loops that claim for `free` slots.
+
+        PERF: a freed slot woke every loop, and the second, finding too few slots, went back
+        to sleep: two thread switches a job for nothing in a burn-down."""
+        for wake, least in zip(self._wakes, self._leasts, strict=True):
+            if free >= least:
+                wake.set()
+
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
         self._stopping.set()
-        self._wake.set()
+        self._wake_all()
 
     def wake(self) -> None:
         """Ends the current wait early, so the worker claims now."""
-        self._wake.set()
+        self._wake_all()
 
     def on_job_queued(self, payload: str) -> None:
         """Reacts to a `sa_job_queued` notification: claim now, or remember when a delayed job is due.
@@ -151,11 +179,11 @@ class Worker:
             payload: empty when the job is claimable now, else its scheduled_for in epoch seconds.
         """
         if not payload:
-            self._wake.set()
+            self._wake_all()
             return
         self._expect(time.monotonic() + float(payload) - time.time())
         # NOTE: the sleeping loop recomputes its deadline only when woken.
-        self._wake.set()
+        self._wake_all()
 
     def _expect(self, due: float) -> None:
         """Remembers a due time (monotonic); past _MAX_DUES the latest are dropped (the database
@@ -188,6 +216,11 @@ class Worker:
                 while not self._stopping.is_set() and not self._wait_idle(0.2):
                     pass
             else:
+                self._claimers = [threading.Thread(target=self._loop, args=(n,), daemon=True,
+                                                   name=f"sa-claim-{n}")
+                                  for n in range(1, _CLAIMERS)]
+                for claimer in self._claimers:
+                    claimer.start()
                 self._loop()
         finally:
             self._shutdown()
@@ -198,18 +231,15 @@ class Worker:
         self.log.info("worker.stopped", claims=self.claim_rounds,
                       finalize_batches=self.executor.completer.batches)
 
-    def _loop(self) -> None:
-        """Claim rounds until stopped.
-
-        PERF: one round at a time. Slots freed while a claim waits on the database gather for the
-        next round, so a busy worker claims more jobs a statement, in fewer statements; two rounds
-        in flight (each over its own free slots) burned full jobs down 11-14 % slower with two
-        worker processes and cost more CPU a job under steady arrivals (docs/performance.md).
-        """
-        self._learn_next_due()
+    def _loop(self, index: int = 0) -> None:
+        """Claim rounds until stopped; only the first loop asks when scheduled jobs fall due."""
+        wake, leading = self._wakes[index], index == 0
+        least = self._leasts[index]
+        if leading:
+            self._learn_next_due()
         while not self._stopping.is_set():
             try:
-                full = self._claim_round()
+                full = self._claim_round(least)
             except psycopg.Error as exc:
                 # NOTE: the claim sets apart a job it cannot write (engine/claim.py); what is left
                 # is the database's trouble, which the next round, a poll later, tries again.
@@ -219,9 +249,9 @@ class Worker:
                 full = False
             if full and not self._stopping.is_set():
                 continue
-            if not self._wake.wait(self._sleep_for()):
+            if not wake.wait(self._sleep_for()) and leading:
                 self._learn_next_due()
-            self._wake.clear()
+            wake.clear()
 
     def _learn_next_due(self) -> None:
         """Asks the database when the next scheduled job falls due, so it starts on time even when
@@ -259,6 +289,14 @@ class Worker:
     def _busy_slots_locked(self) -> int:
         return len(self._inflight) - min(len(self._finishing), self.config.concurrency)
 
+    def _free_slots(self) -> int:
+        with self._lock:
+            return self._free_slots_locked()
+
+    def _free_slots_locked(self) -> int:
+        """Slots neither busy nor counted by a claim round in flight."""
+        return self.config.concurrency - self._busy_slots_locked() - self._claiming
+
     def report_slots(self) -> None:
         """Sets `sa_worker_slots`: busy (held, call not yet returned) and free (claimable now)."""
         busy = min(self._busy_slots(), self.config.concurrency)
@@ -269,23 +307,37 @@ class Worker:
         with self._lock:
             if job_id in self._inflight:
                 self._finishing.add(job_id)
-        self._wake.set()
+            free = self._free_slots_locked()
+        self._wake_for(free)
 
-    def _claim_round(self) -> bool:
-        """Claims for the free slots; True when it filled them all (more may be waiting)."""
-        limit = min(self.config.concurrency - self._busy_slots(), self.config.claim_limit)
-        if limit <= 0:
+    def _claim_round(self, least: int = 1) -> bool:
+        """Claims for the free slots when at least `least` are free; True when it filled them all
+        (more may be waiting)."""
+        if self._free_slots() < least:
             return False
         # NOTE: every route this worker calls is paused: a claim would only put jobs back.
         if self.executor.gate.all_paused(list(self.executor.providers.routes.routes)):
             return False
-        jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
-                     self.config.org_max_running, self.config.priority_aging,
-                     held_orgs=self._held.current(), token_window=self.config.token_window)
-        self.claim_rounds += 1
-        runs = [_Run(job, RunControl(partial(self._call_returned, job.id))) for job in jobs]
         with self._lock:
-            self._inflight.update((run.job.id, run) for run in runs)
+            limit = min(self._free_slots_locked(), self.config.claim_limit)
+            if limit < least:
+                return False
+            self._claiming += limit
+        jobs: list[ClaimedJob] | None = None
+        try:
+            jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
+                         self.config.org_max_running, self.config.priority_aging,
+                         held_orgs=self._held.current(), token_window=self.config.token_window)
+        finally:
+            runs = [_Run(job, RunControl(partial(self._call_returned, job.id)))
+                    for job in jobs or ()]
+            # NOTE: the slots pass from the round to its jobs at once, so no other round sees
+            # them free in between.
+            with self._lock:
+                self._claiming -= limit
+                if jobs is not None:
+                    self.claim_rounds += 1
+                self._inflight.update((run.job.id, run) for run in runs)
         for run in runs:
             with self._lock:
                 start_runner = self._idle_runners == 0
@@ -339,7 +391,8 @@ class Worker:
                 del self._inflight[run.job.id]
                 self._finishing.discard(run.job.id)
             self._idle.notify_all()
-        self._wake.set()
+            free = self._free_slots_locked()
+        self._wake_for(free)
 
     def _wait_idle(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -439,6 +492,10 @@ class Worker:
 
     def _shutdown(self) -> None:
         self._stopping.set()
+        self._wake_all()
+        # NOTE: a round in flight still adds its jobs, which the release below then covers.
+        for claimer in self._claimers:
+            claimer.join()
         try:
             self._finish_in_flight()
         finally:
