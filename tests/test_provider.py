@@ -338,8 +338,8 @@ def test_the_read_timeout_ends_a_silent_call_but_not_a_stream_that_keeps_coming(
     assert streamed.content == "".join(pieces) and len(pieces) == 26
 
 
-def _close_delimited_server(body: bytes, content_type: bytes) -> tuple[socket.socket, int]:
-    """Answers each request with `body` and no length: the body ends when the server closes."""
+def _raw_server(answer: bytes) -> tuple[socket.socket, int]:
+    """Answers each request with the bytes `answer` as they are, then closes the connection."""
     server = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
@@ -359,11 +359,49 @@ def _close_delimited_server(body: bytes, content_type: bytes) -> tuple[socket.so
                               if line.lower().startswith(b"content-length:"))
                 while len(sent) < length:
                     sent += conn.recv(65536)
-                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type
-                             + b"\r\nConnection: close\r\n\r\n" + body)
+                conn.sendall(answer)
 
     threading.Thread(target=serve, daemon=True).start()
     return server, server.getsockname()[1]
+
+
+def _close_delimited_server(body: bytes, content_type: bytes) -> tuple[socket.socket, int]:
+    """Answers each request with `body` and no length: the body ends when the server closes."""
+    return _raw_server(b"HTTP/1.1 200 OK\r\nContent-Type: " + content_type
+                       + b"\r\nConnection: close\r\n\r\n" + body)
+
+
+def _call_raw(answer: bytes) -> ProviderFailure:
+    server, port = _raw_server(answer)
+    provider = Provider(f"http://127.0.0.1:{port}", "", 5.0)
+    try:
+        with pytest.raises(ProviderFailure) as failed:
+            provider.complete("m", MESSAGES)
+    finally:
+        provider.close()
+        server.close()
+    return failed.value
+
+
+def test_a_429s_head_is_read_whole_past_a_100_continue_and_a_folded_line() -> None:
+    body = json.dumps({"error": {"message": "slow down"}}).encode()
+    failure = _call_raw(
+        b"HTTP/1.1 100 Continue\r\nX-Ignored: yes\r\n\r\n"
+        b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 7\r\n"
+        b"x-ratelimit-remaining-requests: 0\r\nX-RateLimit-Reset-Requests:\r\n 2s\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert failure.kind is ErrorKind.RATE_LIMIT and failure.http_status == 429
+    assert failure.retry_after == 7.0
+    assert "slow down" in failure.message
+    assert failure.ratelimit is not None
+    assert (failure.ratelimit.remaining_requests, failure.ratelimit.reset_requests) == (0, 2.0)
+
+
+def test_an_answer_head_past_a_hundred_lines_fails_the_call() -> None:
+    lines = b"".join(b"X-Pad-%d: %d\r\n" % (n, n) for n in range(101))
+    failure = _call_raw(b"HTTP/1.1 200 OK\r\n" + lines + b"Content-Length: 2\r\n\r\n{}")
+    assert failure.kind is ErrorKind.UNKNOWN
+    assert "more than 100 headers" in failure.message
 
 
 @pytest.mark.parametrize("streamed", [False, True], ids=["json", "sse"])

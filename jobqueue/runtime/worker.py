@@ -7,7 +7,6 @@ Embedded unpatched (the tests do), the same code runs on OS threads.
 
 from __future__ import annotations
 
-import bisect
 import os
 import queue
 import socket
@@ -31,6 +30,7 @@ from jobqueue.engine.departures import DepartureWatch
 from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.engine.spend import HeldOrgs
 from jobqueue.runtime.completer import FinishTimeout
+from jobqueue.runtime.due_times import DueTimes
 from jobqueue.runtime.executor import Executor, Outcome
 from jobqueue.runtime.run_control import RunControl
 
@@ -40,9 +40,6 @@ __all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
 # many at once. 512 calls in flight cost about 75 MiB and, at one-second answers, a third of a
 # core (bench/llm_shaped.py); the provider's rate limits usually set the useful maximum.
 DEFAULT_CONCURRENCY = 512
-
-# NOTE: due times a worker keeps in mind; the rest it learns from the database when a poll ends.
-_MAX_DUES = 256
 
 # PERF: claim rounds in flight at once: slots freed while a claim waits on the database are
 # claimed by the other round instead of after it. The second round claims only when at least
@@ -135,7 +132,7 @@ class Worker:
         self._stopping = threading.Event()
         # NOTE: the due times heard of (time.monotonic()), soonest first, so a job due sooner than
         # one heard of earlier does not make the worker forget the later one.
-        self._dues: list[float] = []
+        self._dues = DueTimes()
         self._departures = DepartureWatch(self.worker_id)
         self._runs: queue.SimpleQueue[_Run | None] = queue.SimpleQueue()
         self._runners: list[threading.Thread] = []
@@ -181,16 +178,9 @@ class Worker:
         if not payload:
             self._wake_all()
             return
-        self._expect(time.monotonic() + float(payload) - time.time())
+        self._dues.expect(time.monotonic() + float(payload) - time.time())
         # NOTE: the sleeping loop recomputes its deadline only when woken.
         self._wake_all()
-
-    def _expect(self, due: float) -> None:
-        """Remembers a due time (monotonic); past _MAX_DUES the latest are dropped (the database
-        is asked again for the next one whenever a poll ends idle)."""
-        with self._lock:
-            bisect.insort(self._dues, due)
-            del self._dues[_MAX_DUES:]
 
     @property
     def inflight(self) -> int:
@@ -249,7 +239,8 @@ class Worker:
                 full = False
             if full and not self._stopping.is_set():
                 continue
-            if not wake.wait(self._sleep_for()) and leading:
+            sleep = self._dues.sleep_for(time.monotonic(), self.config.poll_interval)
+            if not wake.wait(sleep) and leading:
                 self._learn_next_due()
             wake.clear()
 
@@ -262,19 +253,7 @@ class Worker:
             self.log.warning("worker.next_due_failed", error=str(exc).strip())
             return
         if due is not None:
-            self._expect(time.monotonic() + due)
-
-    def _sleep_for(self) -> float:
-        """The poll interval, or less when a scheduled job falls due sooner."""
-        now = time.monotonic()
-        with self._lock:
-            past = bisect.bisect_right(self._dues, now)
-            if past:
-                del self._dues[:past]
-                return 0.0
-            if not self._dues:
-                return self.config.poll_interval
-            return min(self.config.poll_interval, self._dues[0] - now)
+            self._dues.expect(time.monotonic() + due)
 
     def _busy_slots(self) -> int:
         """Slots taken: jobs held, less those past their provider call (up to one per slot).
