@@ -148,7 +148,8 @@ class _Response(http.client.HTTPResponse):
         self.headers = self.msg = _read_head(self.fp)
         encoding = self.headers.get("transfer-encoding")
         self.chunked = bool(encoding) and encoding.lower() == "chunked"
-        self.chunk_left = None
+        if self.chunked:
+            self.chunk_left = None
         self.will_close = self._check_close()
         self.length = None
         length = self.headers.get("content-length")
