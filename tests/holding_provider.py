@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Held", "HoldingProvider"]
+__all__ = ["Held", "HoldingProvider", "read_request"]
 
 _HEAD_END = b"\r\n\r\n"
 
@@ -112,6 +112,13 @@ class HoldingProvider:
 
 def _read_request(sock: socket.socket) -> Any:
     """The JSON body of one HTTP request, or None when the client left first."""
+    request = read_request(sock)
+    return None if request is None else json.loads(request[1])
+
+
+def read_request(sock: socket.socket) -> tuple[bytes, bytes] | None:
+    """The head and body of one HTTP request (its body by Content-Length), or None when the
+    client left first."""
     data = b""
     while _HEAD_END not in data:
         chunk = sock.recv(65536)
@@ -126,7 +133,7 @@ def _read_request(sock: socket.socket) -> Any:
         if not chunk:
             return None
         body += chunk
-    return json.loads(body)
+    return head, body
 
 
 def _answer(sock: socket.socket, model: str, text: str) -> None:

@@ -19,6 +19,7 @@ from jobqueue.devtools.fake_provider import FakeProvider
 from jobqueue.runtime.provider import Provider
 from jobqueue.runtime.provider_answer import ProviderFailure
 from tests.helpers import wait_for
+from tests.holding_provider import read_request
 
 MESSAGES = [{"role": "user", "content": "hello"}]
 
@@ -52,15 +53,10 @@ class _ClosingServer:
                 raw.close()
                 continue
             with conn:
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    request += conn.recv(65536)
-                head, _, body = request.partition(b"\r\n\r\n")
-                self.heads.append(head)
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                while len(body) < length:
-                    body += conn.recv(65536)
+                request = read_request(conn)
+                if request is None:
+                    continue
+                self.heads.append(request[0])
                 answer = json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode()
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                              b"Connection: keep-alive\r\nContent-Length: %d\r\n\r\n%s"
@@ -349,17 +345,10 @@ def _raw_server(answer: bytes) -> tuple[socket.socket, int]:
             except OSError:
                 return
             with conn:
-                request = b""
-                while b"\r\n\r\n" not in request:
-                    request += conn.recv(65536)
                 # NOTE: the request's body read too: a close with unread bytes is a reset, which
                 # may reach the client before the answer does.
-                head, _, sent = request.partition(b"\r\n\r\n")
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                while len(sent) < length:
-                    sent += conn.recv(65536)
-                conn.sendall(answer)
+                if read_request(conn) is not None:
+                    conn.sendall(answer)
 
     threading.Thread(target=serve, daemon=True).start()
     return server, server.getsockname()[1]
@@ -448,16 +437,8 @@ class _StreamingServer:
                     pass
 
     def _answer(self, conn: socket.socket) -> bool:
-        request = b""
-        while b"\r\n\r\n" not in request:
-            if not (data := conn.recv(65536)):
-                return False
-            request += data
-        head, _, body = request.partition(b"\r\n\r\n")
-        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                      if line.lower().startswith(b"content-length:"))
-        while len(body) < length:
-            body += conn.recv(65536)
+        if read_request(conn) is None:
+            return False
         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
         for n in range(30):
