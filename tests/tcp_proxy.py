@@ -77,8 +77,8 @@ class TcpProxy:
 
     def cut(self) -> None:
         """Refuses new connections and resets the open ones, as a crashed server would."""
-        self._open.clear()
         with self._lock:
+            self._open.clear()
             for sock in self._sockets:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
@@ -129,6 +129,12 @@ class TcpProxy:
                 client.close()
                 continue
             with self._lock:
+                # NOTE: a cut while this connection was being made must end it too, or it would
+                # outlive the outage that the test plays.
+                if not self._open.is_set():
+                    client.close()
+                    upstream.close()
+                    continue
                 self._sockets.update((client, upstream))
                 self._clients.add(client)
                 count = self._counts[client_port] = FrontendCount()
