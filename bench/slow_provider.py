@@ -151,20 +151,27 @@ class ProviderProtocol(asyncio.Protocol):
             if self._stream and b'"stream":true' in body.replace(b" ", b""):
                 assert self._transport is not None
                 self._transport.write(_STREAM_HEAD)
-                loop.call_later(self._latency / self._stream, self._chunk, 1)
+                loop.call_later(self._latency / self._stream, self._chunk, 1, loop.time())
             elif self._latency > 0:
                 loop.call_later(self._latency, self._answer)
             else:
                 self._answer()
 
-    def _chunk(self, n: int) -> None:
-        """Writes the n-th of the streamed answer's chunks (and the end after the last)."""
+    def _chunk(self, n: int, start: float) -> None:
+        """Writes the n-th of the streamed answer's chunks (and the end after the last).
+
+        Each chunk is due at a fixed time from the request (`start`, the loop's clock), not one
+        step after the previous chunk went out: under load the loop runs its timers late, and
+        chained steps added that lateness up, twenty times a call, so the answer ended well past
+        `latency` (a provider slower than the one asked for, charged to the worker).
+        """
         if self._transport is None or self._transport.is_closing():
             return
         event = b"data: " + (_CHUNK % (self._padding, time.time())).encode() + b"\n\n"
         if n < self._stream:
             self._transport.write(_chunked(event))
-            asyncio.get_running_loop().call_later(self._latency / self._stream, self._chunk, n + 1)
+            asyncio.get_running_loop().call_at(start + (n + 1) * self._latency / self._stream,
+                                               self._chunk, n + 1, start)
             return
         self._transport.write(_chunked(event + _LAST) + b"0\r\n\r\n")
         ProviderProtocol.answered += 1
