@@ -268,10 +268,6 @@ class Worker:
     def _busy_slots_locked(self) -> int:
         return len(self._inflight) - min(len(self._finishing), self.config.concurrency)
 
-    def _free_slots(self) -> int:
-        with self._lock:
-            return self._free_slots_locked()
-
     def _free_slots_locked(self) -> int:
         """Slots neither busy nor counted by a claim round in flight."""
         return self.config.concurrency - self._busy_slots_locked() - self._claiming
@@ -292,8 +288,6 @@ class Worker:
     def _claim_round(self, least: int = 1) -> bool:
         """Claims for the free slots when at least `least` are free; True when it filled them all
         (more may be waiting)."""
-        if self._free_slots() < least:
-            return False
         # NOTE: every route this worker calls is paused: a claim would only put jobs back.
         if self.executor.gate.all_paused(list(self.executor.providers.routes.routes)):
             return False
