@@ -56,7 +56,8 @@ else an embedded one: jobqueue/devtools/embedded_db.py, admin_conninfo)."""
 TABLES = ("sa_job_event", "sa_ledger", "sa_audit", "sa_edge", "sa_job", "sa_entity", "sa_api_token",
           "sa_job_archive", "sa_job_event_archive", "sa_ledger_archive", "sa_route_pause",
           "sa_route_window", "sa_job_quarantine", "sa_file", "sa_file_chunk", "sa_batch",
-          "sa_batch_request", "sa_org_spend", "sa_ops_action", "sa_org_token_window", "sa_worker")
+          "sa_batch_request", "sa_org_spend", "sa_ops_action", "sa_org_token_window", "sa_worker",
+          "sa_job_delta")
 """What every test that uses the database starts from empty (and the tables referencing them)."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import falcon.testing
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -11,6 +13,11 @@ from jobqueue.core.wakeup import WakeupSender
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, job_state, submit, wait_for
 
 NEVER = 600.0
+
+
+def _has_state(client: falcon.testing.TestClient, auth: dict[str, str], job_id: str,
+               state: str) -> bool:
+    return job_state(client, auth, job_id) == state
 
 
 def test_an_idle_worker_claims_on_notification_long_before_its_poll(
@@ -24,6 +31,22 @@ def test_an_idle_worker_claims_on_notification_long_before_its_poll(
 
     wait_for(lambda: job_state(client, auth, job_id) == "succeeded")
     assert worker.claim_rounds > idle_rounds
+
+
+def test_a_trickle_of_jobs_costs_one_claim_round_each(
+    client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
+) -> None:
+    worker = workers.start(listen=True, poll_interval=NEVER)
+    wait_for(lambda: worker.claim_rounds >= 1)
+    idle_rounds = worker.claim_rounds
+
+    for n in range(10):
+        job_id = submit(client, auth, text=f"one at a time {n}")["job_id"]
+        wait_for(partial(_has_state, client, auth, job_id, "succeeded"))
+
+    # NOTE: each job's wake-up starts one round; neither the second claim loop nor the job's
+    # freed slot adds an empty one while the queue is known to be empty.
+    assert worker.claim_rounds - idle_rounds == 10
 
 
 def test_a_retry_with_backoff_is_claimed_when_due_without_polling(

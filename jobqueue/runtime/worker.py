@@ -139,6 +139,9 @@ class Worker:
         self._idle_runners = 0
         # NOTE: free slots that a claim round in flight may fill; no other round counts them.
         self._claiming = 0
+        # NOTE: claimable jobs may be left: the last round filled its slots, failed or found too
+        # few free. Only then does a freed slot start a round (_wake_for).
+        self._wanting = True
         self._claimers: list[threading.Thread] = []
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
@@ -151,11 +154,22 @@ class Worker:
         for wake in self._wakes:
             wake.set()
 
-    def _wake_for(self, free: int) -> None:
-        """Wakes the loops that claim for `free` slots.
+    def wake(self) -> None:
+        """Ends the current wait early, so the worker claims now: the first loop, and the others
+        only while a round is in flight (at a trickle of jobs, both woke, one to claim nothing)."""
+        with self._lock:
+            woken = self._wakes if self._claiming else self._wakes[:1]
+        for wake in woken:
+            wake.set()
 
-        PERF: a freed slot woke every loop, and the second, finding too few slots, went back
-        to sleep: two thread switches a job for nothing in a burn-down."""
+    def _wake_for(self, free: int) -> None:
+        """Wakes the loops that claim for `free` slots, when claimable jobs may be waiting.
+
+        PERF: a freed slot woke every loop: three claims a job at a trickle (docs/performance.md).
+        After a round found fewer jobs than slots, none is claimable until a wake-up says so,
+        but under SA_ORG_MAX_RUNNING a finished job lets its org's next one go."""
+        if not (self._wanting or self.config.org_max_running):
+            return
         for wake, least in zip(self._wakes, self._leasts, strict=True):
             if free >= least:
                 wake.set()
@@ -165,22 +179,16 @@ class Worker:
         self._stopping.set()
         self._wake_all()
 
-    def wake(self) -> None:
-        """Ends the current wait early, so the worker claims now."""
-        self._wake_all()
-
     def on_job_queued(self, payload: str) -> None:
         """Reacts to a `sa_job_queued` notification: claim now, or remember when a delayed job is due.
 
         Args:
             payload: empty when the job is claimable now, else its scheduled_for in epoch seconds.
         """
-        if not payload:
-            self._wake_all()
-            return
-        self._dues.expect(time.monotonic() + float(payload) - time.time())
-        # NOTE: the sleeping loop recomputes its deadline only when woken.
-        self._wake_all()
+        if payload:
+            self._dues.expect(time.monotonic() + float(payload) - time.time())
+        # NOTE: with a due time too: the sleeping loop recomputes its deadline only when woken.
+        self.wake()
 
     @property
     def inflight(self) -> int:
@@ -294,6 +302,7 @@ class Worker:
         with self._lock:
             limit = min(self._free_slots_locked(), self.config.claim_limit)
             if limit < least:
+                self._wanting = True
                 return False
             self._claiming += limit
         jobs: list[ClaimedJob] | None = None
@@ -308,6 +317,7 @@ class Worker:
             # them free in between.
             with self._lock:
                 self._claiming -= limit
+                self._wanting = jobs is None or len(jobs) == limit
                 if jobs is not None:
                     self.claim_rounds += 1
                 self._inflight.update((run.job.id, run) for run in runs)
