@@ -139,8 +139,9 @@ class Worker:
         self._idle_runners = 0
         # NOTE: free slots that a claim round in flight may fill; no other round counts them.
         self._claiming = 0
-        # NOTE: claimable jobs may be left: the last round filled its slots, failed or found too
-        # few free. Only then does a freed slot start a round (_wake_for).
+        # NOTE: claimable jobs may be left: the last round took some (others may be locked by
+        # another's claim), failed or found too few slots. Only then does a freed slot start a
+        # round (_wake_for).
         self._wanting = True
         self._claimers: list[threading.Thread] = []
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
@@ -154,25 +155,23 @@ class Worker:
         for wake in self._wakes:
             wake.set()
 
-    def wake(self) -> None:
-        """Ends the current wait early, so the worker claims now: the first loop, and the others
-        only while a round is in flight (at a trickle of jobs, both woke, one to claim nothing)."""
-        with self._lock:
-            woken = self._wakes if self._claiming else self._wakes[:1]
-        for wake in woken:
-            wake.set()
+    def wake(self, free: int | None = None) -> None:
+        """Ends the current wait early, so the worker claims now (for `free` slots, when given).
+
+        PERF: the first loop, and the others only while a round is in flight (the read needs no
+        lock: a stale one wakes one loop more or less). At a trickle of jobs both loops woke for
+        every wake-up and every freed slot, three claims a job where one took it."""
+        woken = self._wakes if self._claiming else self._wakes[:1]
+        for wake, least in zip(woken, self._leasts, strict=False):
+            if free is None or free >= least:
+                wake.set()
 
     def _wake_for(self, free: int) -> None:
-        """Wakes the loops that claim for `free` slots, when claimable jobs may be waiting.
-
-        PERF: a freed slot woke every loop: three claims a job at a trickle (docs/performance.md).
-        After a round found fewer jobs than slots, none is claimable until a wake-up says so,
-        but under SA_ORG_MAX_RUNNING a finished job lets its org's next one go."""
-        if not (self._wanting or self.config.org_max_running):
-            return
-        for wake, least in zip(self._wakes, self._leasts, strict=True):
-            if free >= least:
-                wake.set()
+        """Wakes loops for a freed slot when claimable jobs may be waiting: not after a round
+        found none (a wake-up says when one comes), except under SA_ORG_MAX_RUNNING, where a
+        finished job lets its org's next one go."""
+        if self._wanting or self.config.org_max_running:
+            self.wake(free)
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
@@ -317,7 +316,7 @@ class Worker:
             # them free in between.
             with self._lock:
                 self._claiming -= limit
-                self._wanting = jobs is None or len(jobs) == limit
+                self._wanting = jobs is None or bool(jobs)
                 if jobs is not None:
                     self.claim_rounds += 1
                 self._inflight.update((run.job.id, run) for run in runs)
@@ -370,12 +369,16 @@ class Worker:
         with self._lock:
             if runner_idle:
                 self._idle_runners += 1
+            held = self._free_slots_locked()
             if self._inflight.get(run.job.id) is run:
                 del self._inflight[run.job.id]
                 self._finishing.discard(run.job.id)
             self._idle.notify_all()
             free = self._free_slots_locked()
-        self._wake_for(free)
+        # NOTE: a job past its call gave its slot back then (_call_returned); only an org cap
+        # waits for its finalize.
+        if free > held or self.config.org_max_running:
+            self._wake_for(free)
 
     def _wait_idle(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
