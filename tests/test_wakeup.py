@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import falcon.testing
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -13,11 +11,6 @@ from jobqueue.core.wakeup import WakeupSender
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, job_state, submit, wait_for
 
 NEVER = 600.0
-
-
-def _has_state(client: falcon.testing.TestClient, auth: dict[str, str], job_id: str,
-               state: str) -> bool:
-    return job_state(client, auth, job_id) == state
 
 
 def test_an_idle_worker_claims_on_notification_long_before_its_poll(
@@ -31,30 +24,6 @@ def test_an_idle_worker_claims_on_notification_long_before_its_poll(
 
     wait_for(lambda: job_state(client, auth, job_id) == "succeeded")
     assert worker.claim_rounds > idle_rounds
-
-
-def test_a_trickle_of_jobs_costs_two_claim_rounds_each(
-    client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
-) -> None:
-    worker = workers.start(listen=True, poll_interval=NEVER)
-
-    def one_job(text: str) -> None:
-        rounds = worker.claim_rounds
-        job_id = submit(client, auth, text=text)["job_id"]
-        wait_for(partial(_has_state, client, auth, job_id, "succeeded"))
-        # NOTE: the round its freed slot started, before the next job's wake-up comes.
-        wait_for(lambda: worker.claim_rounds >= rounds + 2)
-
-    # NOTE: past the loops' and the listener's first rounds.
-    for n in range(2):
-        one_job(f"warm-up {n}")
-    idle_rounds = worker.claim_rounds
-    for n in range(10):
-        one_job(f"one at a time {n}")
-
-    # NOTE: each job's wake-up starts one round (the first loop's alone) and its freed slot one
-    # more, which finds the queue empty; its finalize none. Three a job before.
-    assert worker.claim_rounds - idle_rounds == 20
 
 
 def test_a_retry_with_backoff_is_claimed_when_due_without_polling(

@@ -139,10 +139,6 @@ class Worker:
         self._idle_runners = 0
         # NOTE: free slots that a claim round in flight may fill; no other round counts them.
         self._claiming = 0
-        # NOTE: claimable jobs may be left: the last round took some (others may be locked by
-        # another's claim), failed or found too few slots. Only then does a freed slot start a
-        # round (_wake_for).
-        self._wanting = True
         self._claimers: list[threading.Thread] = []
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
@@ -155,27 +151,22 @@ class Worker:
         for wake in self._wakes:
             wake.set()
 
-    def wake(self, free: int | None = None) -> None:
-        """Ends the current wait early, so the worker claims now (for `free` slots, when given).
-
-        PERF: the first loop, and the others only while a round is in flight (the read needs no
-        lock: a stale one wakes one loop more or less). At a trickle of jobs both loops woke for
-        every wake-up and every freed slot, three claims a job where one took it."""
-        woken = self._wakes if self._claiming else self._wakes[:1]
-        for wake, least in zip(woken, self._leasts, strict=False):
-            if free is None or free >= least:
-                wake.set()
-
     def _wake_for(self, free: int) -> None:
-        """Wakes loops for a freed slot when claimable jobs may be waiting: not after a round
-        found none (a wake-up says when one comes), except under SA_ORG_MAX_RUNNING, where a
-        finished job lets its org's next one go."""
-        if self._wanting or self.config.org_max_running:
-            self.wake(free)
+        """Wakes the loops that claim for `free` slots.
+
+        PERF: a freed slot woke every loop, and the second, finding too few slots, went back
+        to sleep: two thread switches a job for nothing in a burn-down."""
+        for wake, least in zip(self._wakes, self._leasts, strict=True):
+            if free >= least:
+                wake.set()
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
         self._stopping.set()
+        self._wake_all()
+
+    def wake(self) -> None:
+        """Ends the current wait early, so the worker claims now."""
         self._wake_all()
 
     def on_job_queued(self, payload: str) -> None:
@@ -184,10 +175,12 @@ class Worker:
         Args:
             payload: empty when the job is claimable now, else its scheduled_for in epoch seconds.
         """
-        if payload:
-            self._dues.expect(time.monotonic() + float(payload) - time.time())
-        # NOTE: with a due time too: the sleeping loop recomputes its deadline only when woken.
-        self.wake()
+        if not payload:
+            self._wake_all()
+            return
+        self._dues.expect(time.monotonic() + float(payload) - time.time())
+        # NOTE: the sleeping loop recomputes its deadline only when woken.
+        self._wake_all()
 
     @property
     def inflight(self) -> int:
@@ -301,7 +294,6 @@ class Worker:
         with self._lock:
             limit = min(self._free_slots_locked(), self.config.claim_limit)
             if limit < least:
-                self._wanting = True
                 return False
             self._claiming += limit
         jobs: list[ClaimedJob] | None = None
@@ -316,7 +308,6 @@ class Worker:
             # them free in between.
             with self._lock:
                 self._claiming -= limit
-                self._wanting = jobs is None or bool(jobs)
                 if jobs is not None:
                     self.claim_rounds += 1
                 self._inflight.update((run.job.id, run) for run in runs)
@@ -369,16 +360,12 @@ class Worker:
         with self._lock:
             if runner_idle:
                 self._idle_runners += 1
-            held = self._free_slots_locked()
             if self._inflight.get(run.job.id) is run:
                 del self._inflight[run.job.id]
                 self._finishing.discard(run.job.id)
             self._idle.notify_all()
             free = self._free_slots_locked()
-        # NOTE: a job past its call gave its slot back then (_call_returned); only an org cap
-        # waits for its finalize.
-        if free > held or self.config.org_max_running:
-            self._wake_for(free)
+        self._wake_for(free)
 
     def _wait_idle(self, timeout: float | None) -> bool:
         deadline = None if timeout is None else time.monotonic() + timeout
