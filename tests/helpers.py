@@ -308,6 +308,11 @@ class TableReset:
                         conn.execute("SELECT setval(%s::regclass, 1, false)", (sequence,))
         return [row[0] for row in touched]
 
+    def reached(self) -> set[str]:
+        """The tables it empties: those it was given and every table referencing them."""
+        self._connection()
+        return set(self._sequences)
+
     def _connection(self) -> psycopg.Connection[Any]:
         if self._conn is None or self._conn.closed or self._conn.broken:
             self._conn = psycopg.connect(self._conninfo, autocommit=True)
