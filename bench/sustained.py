@@ -29,7 +29,8 @@ Postgres backends, in % of one core ("-" when the server is remote).
 With several `--rates` the same processes step through them, `--seconds` each, after the
 backlog of the previous step has drained (up to 60 s). A rate "keeps up" when under 1 % of its
 requests were shed, none failed, the backlog at the end of its step is under two seconds of
-arrivals and every interval's POST p99 is under 50 ms.
+arrivals and every interval's POST p99 is under 50 ms. The summary adds the worker's claim
+statements per completed job.
 """
 
 from __future__ import annotations
@@ -160,16 +161,18 @@ class Step:
     p50: list[float] = field(default_factory=list)
     p99: list[float] = field(default_factory=list)
     claim_ms: list[float] = field(default_factory=list)
+    claims: float = 0.0
     cpu: dict[str, float] = field(default_factory=dict)
 
-    def add(self, part: dict[str, Any], completed: float, backlog: int, claim_ms: float | None,
-            used: dict[str, float]) -> None:
+    def add(self, part: dict[str, Any], completed: float, backlog: int, claims: float,
+            claim_ms: float | None, used: dict[str, float]) -> None:
         """Adds one interval: the producer's counts, the worker's, the backlog and the CPU."""
         self.offered += part["offered"]
         self.accepted += part["accepted"]
         self.errors += part["errors"]
         self.shed += part["shed"]
         self.completed += completed
+        self.claims += claims
         self.backlog_end, self.backlog_max = backlog, max(self.backlog_max, backlog)
         if part["p50"] is not None and part["offered"]:
             self.p50.append(part["p50"])
@@ -254,7 +257,7 @@ def run_step(args: argparse.Namespace, base: str, token: str, rate: float,
         claim_ms = ((seen["claim_sum"] - last["claim_sum"]) * 1000 / claims
                     if claims > 0 else None)
         backlog = int(db.execute(BACKLOG).fetchone()[0])  # type: ignore[index]
-        step.add(part, completed, backlog, claim_ms, used)
+        step.add(part, completed, backlog, claims, claim_ms, used)
         last, last_t = seen, now
         if not part["offered"]:
             continue  # NOTE: the tail after the last send: too short an interval to show
@@ -279,7 +282,7 @@ def summary(steps: list[Step]) -> str:
     """One row per offered rate."""
     lines = [["offered/s", "accepted/s", "shed", "shed %", "completed/s", "backlog end",
               "backlog max", "POST p50 ms", "POST p99 ms (median / worst interval)",
-              "claim ms (mean)", *(f"{kind} cpu%" for kind in CPU_KINDS), "errors",
+              "claim ms (mean)", "claims a job", *(f"{kind} cpu%" for kind in CPU_KINDS), "errors",
               "keeps up"]]
     for s in steps:
         lines.append([f"{s.rate:,.0f}", f"{s.accepted / s.elapsed:,.0f}", f"{s.shed:,}",
@@ -288,6 +291,7 @@ def summary(steps: list[Step]) -> str:
                       f"{statistics.median(s.p50):.1f}" if s.p50 else "-",
                       f"{statistics.median(s.p99):.1f} / {max(s.p99):.1f}" if s.p99 else "-",
                       f"{sum(s.claim_ms) / len(s.claim_ms):.2f}" if s.claim_ms else "-",
+                      f"{s.claims / s.completed:.2f}" if s.claims and s.completed else "-",
                       *(_pct(s.cpu, kind, s.elapsed) for kind in CPU_KINDS),
                       str(s.errors), "yes" if s.keeps_up else "NO"])
     return format_table(lines)

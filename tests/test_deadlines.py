@@ -11,7 +11,8 @@ import pytest
 from jobqueue.core.settings import Settings
 from jobqueue.engine.claim import claim
 from jobqueue.runtime.assembly import assemble_worker
-from jobqueue.runtime.worker import Worker, WorkerConfig
+from jobqueue.runtime.worker import Worker
+from jobqueue.runtime.worker_config import WorkerConfig
 
 __all__: list[str] = []
 

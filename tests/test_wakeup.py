@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import falcon.testing
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -11,6 +13,7 @@ from jobqueue.core.wakeup import WakeupSender
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, job_state, submit, wait_for
 
 NEVER = 600.0
+JOBS_ONE_BY_ONE = 12
 
 
 def test_an_idle_worker_claims_on_notification_long_before_its_poll(
@@ -24,6 +27,28 @@ def test_an_idle_worker_claims_on_notification_long_before_its_poll(
 
     wait_for(lambda: job_state(client, auth, job_id) == "succeeded")
     assert worker.claim_rounds > idle_rounds
+
+
+def test_at_a_trickle_a_worker_claims_about_once_a_job(
+    client: falcon.testing.TestClient, auth: dict[str, str], workers: WorkerHarness,
+) -> None:
+    worker = workers.start(listen=True, poll_interval=NEVER, concurrency=8)
+    wait_for(lambda: worker.claim_rounds >= 1)
+    idle_rounds = worker.claim_rounds
+
+    for n in range(JOBS_ONE_BY_ONE):
+        job_id: str = submit(client, auth, text=f"one by one {n}")["job_id"]
+        wait_for(partial(_succeeded_one, client, auth, job_id))
+
+    # A freed slot starts no round when the last one found nothing more to take: each job's
+    # wake-up claims it, and its call's end and its finalize add nothing (they added two
+    # empty claims a job before).
+    rounds = worker.claim_rounds - idle_rounds
+    assert JOBS_ONE_BY_ONE <= rounds <= JOBS_ONE_BY_ONE * 3 // 2, rounds
+
+
+def _succeeded_one(client: falcon.testing.TestClient, auth: dict[str, str], job_id: str) -> bool:
+    return job_state(client, auth, job_id) == "succeeded"
 
 
 def test_a_retry_with_backoff_is_claimed_when_due_without_polling(

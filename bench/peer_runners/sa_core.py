@@ -69,7 +69,7 @@ from jobqueue.runtime.assembly import assemble_worker
 from jobqueue.runtime.provider import Provider, RoutedProviders
 from jobqueue.runtime.provider_answer import Completion
 from jobqueue.runtime.run_control import RunControl
-from jobqueue.runtime.worker import WorkerConfig
+from jobqueue.runtime.worker_config import WorkerConfig
 
 CALLER = Caller(org_id=1, user_id=1)
 EVENT_TIMEOUT = 60.0

@@ -29,8 +29,8 @@ from jobqueue.core.states import JobState
 from jobqueue.engine import chains, quarantine, transitions
 from jobqueue.engine.isolation import is_connection_failure, write_isolated
 
-__all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "SENT_OPTIONS", "ClaimedJob", "Undecodable", "claim",
-           "next_due", "options_error"]
+__all__ = ["DEFAULT_DEPTH", "MAX_DEPTH", "SENT_OPTIONS", "ClaimRound", "ClaimedJob", "Undecodable",
+           "claim", "claim_round", "next_due", "options_error"]
 
 log = structlog.get_logger(__name__)
 
@@ -115,6 +115,18 @@ def _messages_ok(messages: object) -> bool:
         for m in messages)
 
 
+@dataclass(frozen=True)
+class ClaimRound:
+    """What one claim took, and how many jobs it chose to take.
+
+    `chosen` above `len(jobs)` means another claim held some of the chosen jobs (or they could
+    not be run): more may be waiting, though this claim took fewer than it asked for.
+    """
+
+    jobs: list[ClaimedJob]
+    chosen: int
+
+
 def claim(
     pool: ConnectionPool[DictConnection],
     worker_claim: str,
@@ -125,6 +137,22 @@ def claim(
     held_orgs: Sequence[int] = (),
     token_window: float = 0.0,
 ) -> list[ClaimedJob]:
+    """The jobs `claim_round` takes (its arguments), for callers that need not tell a contended
+    queue from an empty one."""
+    return claim_round(pool, worker_claim, limit, priority_ceiling, org_max_running,
+                       priority_aging, held_orgs, token_window).jobs
+
+
+def claim_round(
+    pool: ConnectionPool[DictConnection],
+    worker_claim: str,
+    limit: int,
+    priority_ceiling: int,
+    org_max_running: int = 0,
+    priority_aging: float = DEFAULT_PRIORITY_AGING,
+    held_orgs: Sequence[int] = (),
+    token_window: float = 0.0,
+) -> ClaimRound:
     """Claims up to `limit` claimable jobs, most urgent (lowest priority number) then oldest first.
 
     Args:
@@ -142,10 +170,10 @@ def claim(
             `org_max_running`).
 
     Returns:
-        The claimed jobs in claim order.
+        The claimed jobs in claim order, and how many the claim chose.
     """
     if limit <= 0:
-        return []
+        return ClaimRound([], 0)
     params = {"claim": worker_claim, "limit": limit, "ceiling": priority_ceiling,
               "org_cap": org_max_running, "default_depth": DEFAULT_DEPTH,
               "aging": priority_aging, "held_orgs": list(held_orgs),
@@ -156,12 +184,16 @@ def claim(
         try:
             rows = _planned(conn, cur, _statement(capped, token_window, many=True), params,
                             capped=capped)
+            # NOTE: the capped claim skips a held job for the next one (SKIP LOCKED under its
+            # LIMIT), so it takes all it chose; the others say what they chose (claim_q).
+            chosen = len(rows) if capped else (rows[0]["chosen"] if rows else 0)
+            rows = [r for r in rows if r["id"] is not None]
         except psycopg.Error as exc:
             if is_connection_failure(conn, exc):
                 raise
             log.warning("claim.split", worker_id=worker_claim, sqlstate=exc.sqlstate,
                         error=str(exc).strip()[:300])
-            rows = _claim_around(conn, cur, params, capped, token_window)
+            rows, chosen = _claim_around(conn, cur, params, capped, token_window)
         if rows:
             wakeup.for_pool(pool).job_changed()
         for r in rows:
@@ -187,7 +219,7 @@ def claim(
     ]
     for job in jobs:
         metrics.WAIT_SECONDS.observe(max(0.0, (job.claimed_at - job.scheduled_for).total_seconds()))
-    return jobs
+    return ClaimRound(jobs, chosen)
 
 
 def next_due(pool: ConnectionPool[DictConnection], priority_ceiling: int) -> float | None:
@@ -236,9 +268,10 @@ def _statement(capped: bool, token_window: float, *, many: bool) -> str:
 
 def _claim_around(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]],
                   params: dict[str, Any], capped: bool,
-                  token_window: float) -> list[dict[str, Any]]:
+                  token_window: float) -> tuple[list[dict[str, Any]], int]:
     """Claims the jobs the failed claim would have taken, by id, around the one that cannot be
-    written, which is quarantined so no later claim chooses it again."""
+    written, which is quarantined so no later claim chooses it again; returns them and how many
+    were chosen."""
     with conn.transaction():
         _prepare(cur, capped)
         candidates = cur.execute(_statement(capped, token_window, many=False),
@@ -251,7 +284,7 @@ def _claim_around(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]],
         done = write_isolated(conn, candidates, take)
         for row, exc in done.failed:
             quarantine.set_aside(conn, row["id"], row["org_id"], "claim", exc)
-    return done.rows
+    return done.rows, len(candidates)
 
 
 def _reject_undecodable(

@@ -42,7 +42,8 @@ from jobqueue.runtime.assembly import assemble_worker, open_descriptors, worker_
 from jobqueue.runtime.batch_keeper import BatchKeeper
 from jobqueue.runtime.collector import settle_collector
 from jobqueue.runtime.maintenance import MaintenanceLeader
-from jobqueue.runtime.worker import DEFAULT_CONCURRENCY, Worker
+from jobqueue.runtime.worker import Worker
+from jobqueue.runtime.worker_config import DEFAULT_CONCURRENCY
 from jobqueue.schema.migrate import MigrationError, migrate
 
 __all__ = ["LONG_RUNNING", "main"]

@@ -26,7 +26,8 @@ from jobqueue.runtime.executor import Executor
 from jobqueue.runtime.gate import RouteGate
 from jobqueue.runtime.provider import RoutedProviders
 from jobqueue.runtime.streaming import DeltaWriter
-from jobqueue.runtime.worker import Worker, WorkerConfig
+from jobqueue.runtime.worker import Worker
+from jobqueue.runtime.worker_config import WorkerConfig
 
 __all__ = ["AssembledWorker", "assemble_worker", "open_descriptors", "worker_config"]
 

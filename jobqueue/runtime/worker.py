@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import psycopg
@@ -21,11 +21,9 @@ import structlog
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core import metrics
-from jobqueue.core.budget import Budgets
 from jobqueue.core.db import DictConnection
-from jobqueue.core.settings import DEFAULT_PRIORITY_AGING
 from jobqueue.engine import presence
-from jobqueue.engine.claim import ClaimedJob, claim, next_due
+from jobqueue.engine.claim import ClaimedJob, ClaimRound, claim_round, next_due
 from jobqueue.engine.departures import DepartureWatch
 from jobqueue.engine.heartbeat import heartbeat, release
 from jobqueue.engine.spend import HeldOrgs
@@ -33,13 +31,9 @@ from jobqueue.runtime.completer import FinishTimeout
 from jobqueue.runtime.due_times import DueTimes
 from jobqueue.runtime.executor import Executor, Outcome
 from jobqueue.runtime.run_control import RunControl
+from jobqueue.runtime.worker_config import WorkerConfig
 
-__all__ = ["DEFAULT_CONCURRENCY", "Worker", "WorkerConfig", "new_worker_id"]
-
-# NOTE: provider calls take seconds and a job mostly waits on the network, so a process runs
-# many at once. 512 calls in flight cost about 75 MiB and, at one-second answers, a third of a
-# core (bench/llm_shaped.py); the provider's rate limits usually set the useful maximum.
-DEFAULT_CONCURRENCY = 512
+__all__ = ["Worker", "new_worker_id"]
 
 # PERF: claim rounds in flight at once: slots freed while a claim waits on the database are
 # claimed by the other round instead of after it. The second round claims only when at least
@@ -56,44 +50,6 @@ log = structlog.get_logger(__name__)
 def new_worker_id() -> str:
     """Returns an id naming host and pid (for operators) plus randomness (unique across restarts)."""
     return f"{socket.gethostname()[:32]}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """How much a worker runs at once and how often it polls and heartbeats."""
-
-    concurrency: int = DEFAULT_CONCURRENCY
-    batch_size: int | None = None
-    priority_ceiling: int = 100
-    org_max_running: int = 0
-    priority_aging: float = DEFAULT_PRIORITY_AGING
-    # NOTE: > 0 when SA_FAIR_BY_TOKENS is on: the claim weighs the orgs' tokens in windows of it.
-    token_window: float = 0.0
-    poll_interval: float = 2.0
-    heartbeat_interval: float = 30.0
-    cancel_check_interval: float = 0.5
-    shutdown_grace: float = 30.0
-    budgets: Budgets = field(default_factory=Budgets)
-
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if self.batch_size is not None and self.batch_size < 1:
-            raise ValueError("batch_size must be at least 1")
-        if not 0 <= self.priority_ceiling <= 100:
-            raise ValueError("priority_ceiling must be within 0..100")
-        if min(self.poll_interval, self.heartbeat_interval, self.cancel_check_interval) <= 0:
-            raise ValueError(
-                "poll_interval, heartbeat_interval and cancel_check_interval must be positive")
-        if self.org_max_running < 0:
-            raise ValueError("org_max_running must not be negative (0 means no cap)")
-        if self.shutdown_grace < 0:
-            raise ValueError("shutdown_grace must not be negative")
-
-    @property
-    def claim_limit(self) -> int:
-        """The most jobs one claim may take."""
-        return self.batch_size or self.concurrency
 
 
 @dataclass
@@ -139,6 +95,12 @@ class Worker:
         self._idle_runners = 0
         # NOTE: free slots that a claim round in flight may fill; no other round counts them.
         self._claiming = 0
+        # PERF: whether claimable jobs may be waiting: the last round took all it could or was
+        # contended, or a wake-up came since it began (`_heard` counts them). Only then does a
+        # freed slot start a round: at 200 jobs/s, slots freeing onto an empty queue ran 2.5
+        # claims a job (docs/performance.md).
+        self._may_wait = True
+        self._heard = 0
         self._claimers: list[threading.Thread] = []
         # NOTE: counters for operators and tests (River's TestSignals idea), read without a lock.
         self.claim_rounds = 0
@@ -152,13 +114,25 @@ class Worker:
             wake.set()
 
     def _wake_for(self, free: int) -> None:
-        """Wakes the loops that claim for `free` slots.
+        """Wakes the loops that claim for `free` slots, when jobs may be waiting.
 
         PERF: a freed slot woke every loop, and the second, finding too few slots, went back
         to sleep: two thread switches a job for nothing in a burn-down."""
+        if not self._may_wait:
+            return
         for wake, least in zip(self._wakes, self._leasts, strict=True):
             if free >= least:
                 wake.set()
+
+    def _heard_of_jobs(self) -> None:
+        """Notes that jobs may be waiting and wakes the first loop, and the others while a round
+        is in flight (its statement may have begun before the jobs were written)."""
+        with self._lock:
+            self._heard += 1
+            self._may_wait = True
+            claiming = self._claiming > 0
+        for wake in self._wakes if claiming else self._wakes[:1]:
+            wake.set()
 
     def stop(self) -> None:
         """Asks `run()` to stop claiming and shut down; safe from a signal handler."""
@@ -167,6 +141,8 @@ class Worker:
 
     def wake(self) -> None:
         """Ends the current wait early, so the worker claims now."""
+        with self._lock:
+            self._may_wait = True
         self._wake_all()
 
     def on_job_queued(self, payload: str) -> None:
@@ -176,11 +152,11 @@ class Worker:
             payload: empty when the job is claimable now, else its scheduled_for in epoch seconds.
         """
         if not payload:
-            self._wake_all()
+            self._heard_of_jobs()
             return
         self._dues.expect(time.monotonic() + float(payload) - time.time())
         # NOTE: the sleeping loop recomputes its deadline only when woken.
-        self._wake_all()
+        self._wakes[0].set()
 
     @property
     def inflight(self) -> int:
@@ -296,20 +272,24 @@ class Worker:
             if limit < least:
                 return False
             self._claiming += limit
-        jobs: list[ClaimedJob] | None = None
+            heard = self._heard
+        taken: ClaimRound | None = None
         try:
-            jobs = claim(self.pool, self.worker_id, limit, self.config.priority_ceiling,
-                         self.config.org_max_running, self.config.priority_aging,
-                         held_orgs=self._held.current(), token_window=self.config.token_window)
+            taken = claim_round(self.pool, self.worker_id, limit, self.config.priority_ceiling,
+                                self.config.org_max_running, self.config.priority_aging,
+                                held_orgs=self._held.current(),
+                                token_window=self.config.token_window)
         finally:
             runs = [_Run(job, RunControl(partial(self._call_returned, job.id)))
-                    for job in jobs or ()]
+                    for job in (taken.jobs if taken else ())]
             # NOTE: the slots pass from the round to its jobs at once, so no other round sees
             # them free in between.
             with self._lock:
                 self._claiming -= limit
-                if jobs is not None:
+                if taken is not None:
                     self.claim_rounds += 1
+                    self._may_wait = (taken.chosen == limit or len(runs) < taken.chosen
+                                      or self._heard != heard)
                 self._inflight.update((run.job.id, run) for run in runs)
         for run in runs:
             with self._lock:

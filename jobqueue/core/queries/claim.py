@@ -39,7 +39,7 @@ _CLAIM_SET = """
               j.execution_options, j.supersedes, j.created_at, j.scheduled_for, j.claimed_at,
               j.throttled_at, j.route
 )
-SELECT claimed.*, (
+SELECT $counted claimed.*, (
     WITH RECURSIVE chain AS (
         SELECT id, org_id, kind, parent_id, content, 0 AS depth
           FROM sa_entity
@@ -61,9 +61,19 @@ SELECT claimed.*, (
       FROM chain
      WHERE org_id = claimed.org_id
 ) AS context
-  FROM claimed
+  FROM $source
  ORDER BY claimed.priority, claimed.scheduled_for
 """
+
+_CLAIMED = _CLAIM_SET.replace("$counted ", "").replace("$source", "claimed")
+
+# NOTE: _CLAIMED with how many heads the claim chose (`chosen`, on every row), and one row of
+# NULL columns but `chosen` when it took none. SKIP LOCKED passes over a head that another
+# claim holds without taking the next one instead, so a claim that took fewer jobs than it chose
+# met a contended queue, not an empty one: the worker claims again when a slot frees
+# (jobqueue/runtime/worker.py), and only then.
+_CLAIMED_COUNTED = _CLAIM_SET.replace("$counted", "counted.chosen,").replace(
+    "$source", "(SELECT count(*) AS chosen FROM chosen) AS counted LEFT JOIN claimed ON true")
 
 # Fair sharing: within a priority, orgs take turns. `orgs` lists the orgs with queued work by a
 # loose index scan of sa_job_org_queued_idx (org_id) WHERE state = 'queued' (0004), one probe
@@ -176,10 +186,10 @@ _PICK_CHOSEN = """, picked AS (
 )
 """
 
-JOB_CLAIM_MANY = _CLAIM_CHOICE + _PICK_CHOSEN + _CLAIM_SET
+JOB_CLAIM_MANY = _CLAIM_CHOICE + _PICK_CHOSEN + _CLAIMED_COUNTED
 
 # JOB_CLAIM_MANY, fair by tokens (SA_FAIR_BY_TOKENS; see _CLAIM_CHOICE_BY_TOKENS).
-JOB_CLAIM_MANY_BY_TOKENS = _CLAIM_CHOICE_BY_TOKENS + _PICK_CHOSEN + _CLAIM_SET
+JOB_CLAIM_MANY_BY_TOKENS = _CLAIM_CHOICE_BY_TOKENS + _PICK_CHOSEN + _CLAIMED_COUNTED
 
 # The jobs JOB_CLAIM_MANY would take, without taking them: when the claim statement fails on a
 # row (jobqueue/engine/claim.py), these are claimed by id around the one that cannot be written.
@@ -201,7 +211,7 @@ WITH picked AS (
        FOR UPDATE SKIP LOCKED
 )
 """
-    + _CLAIM_SET
+    + _CLAIMED
 )
 
 
@@ -269,7 +279,7 @@ JOB_CLAIM_MANY_ORG_CAPPED = (
        FOR UPDATE SKIP LOCKED
 )
 """
-    + _CLAIM_SET
+    + _CLAIMED
 )
 
 # JOB_CLAIM_CANDIDATES for the org-capped claim (run under its lock, JOB_CLAIM_LOCK_ORG_CAPPED).
