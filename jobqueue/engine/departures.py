@@ -13,7 +13,7 @@ The few ids above the horizon are read again at the next look, which changes not
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable
 
 from psycopg_pool import ConnectionPool
 
@@ -42,34 +42,39 @@ class DepartureWatch:
         return self._cursor is not None
 
     def departed(self, pool: ConnectionPool[DictConnection],
-                 held: Mapping[uuid.UUID, int]) -> set[uuid.UUID]:
-        """The jobs of `held` no longer running under this worker's claim and attempt.
+                 attempt_held: Callable[[uuid.UUID], int | None]) -> dict[uuid.UUID, int]:
+        """The held jobs no longer running under this worker's claim and attempt.
 
         The first call only places the cursor at the log's end: a job claimed after it can
         only leave `running` by a later event.
 
         Args:
             pool: database pool.
-            held: the jobs whose calls are in flight, each with its attempt.
+            attempt_held: the attempt a job's call is in flight at, None when it is not held;
+                asked only about the jobs the log names, so a look costs what left `running`,
+                not what is in flight.
 
         Returns:
-            The ids of those that were cancelled, reclaimed or otherwise taken away.
+            Those that were cancelled, reclaimed or otherwise taken away, each with the attempt
+            it was held at.
         """
         with pool.connection() as conn:
             observed, last_id = look(conn, self._horizon)
             if self._cursor is None or observed is Observed.RESTARTED:
                 self._cursor = last_id
-                return set()
+                return {}
             # NOTE: proven before the read below began, so every id up to it is in that read.
             proven = self._horizon.horizon
             seen = self._read_between(conn, self._cursor, last_id)
             self._cursor = max(self._cursor, proven)
-            suspects = [job_id for job_id in seen if job_id in held]
-            if not suspects:
-                return set()
+            held = {job_id: attempt for job_id in seen
+                    if (attempt := attempt_held(job_id)) is not None}
+            if not held:
+                return {}
             alive = {(r["id"], r["attempt"]) for r in conn.execute(
-                job_q.JOB_LIST_STILL_CLAIMED, {"job_ids": suspects, "claim": self._claim})}
-        return {job_id for job_id in suspects if (job_id, held[job_id]) not in alive}
+                job_q.JOB_LIST_STILL_CLAIMED, {"job_ids": list(held), "claim": self._claim})}
+        return {job_id: attempt for job_id, attempt in held.items()
+                if (job_id, attempt) not in alive}
 
     @staticmethod
     def _read_between(conn: DictConnection, after: int, upto: int) -> set[uuid.UUID]:

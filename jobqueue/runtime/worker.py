@@ -379,13 +379,21 @@ class Worker:
         Returns:
             How many calls were cut.
         """
-        with self._lock:
-            calling = {job_id: run for job_id, run in self._inflight.items()
-                       if job_id not in self._finishing}
-        gone = self._departures.departed(
-            self.pool, {job_id: run.job.attempt for job_id, run in calling.items()})
+        gone = self._departures.departed(self.pool, self._attempt_calling)
         self.departure_looks += 1
-        return self._abandon([calling[job_id] for job_id in gone], "event_log")
+        with self._lock:
+            runs = [run for job_id, attempt in gone.items()
+                    if (run := self._inflight.get(job_id)) is not None
+                    and run.job.attempt == attempt]
+        return self._abandon(runs, "event_log")
+
+    def _attempt_calling(self, job_id: uuid.UUID) -> int | None:
+        """The attempt of the job's call in flight; None once it returned or was never ours."""
+        with self._lock:
+            run = self._inflight.get(job_id)
+            if run is None or job_id in self._finishing:
+                return None
+            return run.job.attempt
 
     def _abandon(self, runs: list[_Run], found_by: str) -> int:
         """Abandons the runs whose jobs are no longer ours (their calls are cut) and frees
