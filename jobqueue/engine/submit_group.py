@@ -28,8 +28,13 @@ from jobqueue.engine.spend import check_budget
 
 __all__ = ["GROUP_MAX", "GROUP_WAIT", "WRITERS", "GroupWaitTimeout", "SubmitGroup", "is_plain"]
 
-WRITERS = 2
-"""Group writes one process runs at once; a submit arriving while all are busy joins the next."""
+WRITERS = 1
+"""Group writes one process runs at once; a submit arriving while all are busy joins the next.
+
+PERF: one, not two: with a second write free, half the writes of a loaded process carried one
+submit, and at 1,000 POST/s against a 10 s provider that cost Postgres 8 % of a core and POST
+p99 80-88 ms against 57-70 ms with one (three interleaved pairs; docs/performance.md, Issue 28 on
+a ninth VM)."""
 
 GROUP_MAX = 64
 """Submits written by one statement at most."""
