@@ -32,9 +32,9 @@ WRITERS = 1
 """Group writes one process runs at once; a submit arriving while all are busy joins the next.
 
 PERF: one, not two: with a second write free, half the writes of a loaded process carried one
-submit, and at 1,000 POST/s against a 10 s provider that cost Postgres 8 % of a core and POST
-p99 80-88 ms against 57-70 ms with one (three interleaved pairs; docs/performance.md, Issue 28 on
-a ninth VM)."""
+submit, and at 1,000 POST/s against a 10 s provider that cost Postgres 7-9 % of a core and
+POST p99 80-88 ms against 57-70 ms with one (three interleaved pairs; docs/performance.md,
+Issue 28 on a ninth VM)."""
 
 GROUP_MAX = 64
 """Submits written by one statement at most."""
