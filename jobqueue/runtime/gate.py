@@ -1,9 +1,10 @@
 """A worker's gate in front of each model route: shared pauses, configured limits, token
 reservations, the provider's `x-ratelimit-*` headers, 429s.
 
-The pauses live in Postgres (jobqueue/engine/throttle.py); this keeps a copy refreshed at most
-every `refresh` seconds, so checking a route before a call costs no round trip, and a worker
-whose every route is paused skips its claims until one resumes. On a route with a limit, each
+The pauses live in Postgres (jobqueue/engine/throttle.py); this keeps a copy re-read when it is
+older than `refresh` seconds, at a claim or before a call, so checking a route costs a worker one
+round trip per `refresh` seconds, and a worker whose every route is paused skips its claims until
+one resumes. On a route with a limit, each
 call reserves its estimated tokens before it is sent (`admit`) and settles them to its reported
 usage after (`settle`, or `release` when it failed).
 """
@@ -17,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+import psycopg
 import structlog
 from psycopg_pool import ConnectionPool
 
@@ -90,22 +92,27 @@ class RouteGate:
         # NOTE: the limits the provider's x-ratelimit-limit-* headers state, per route.
         self._told: dict[str, tuple[int | None, int | None]] = {}
         self._read_at = -float("inf")
+        self._read_lock = threading.Lock()
 
     def refresh(self) -> None:
-        """Re-reads the pauses when the copy is older than `refresh` seconds."""
-        now = time.monotonic()
-        if now - self._read_at < self._refresh:
+        """Re-reads the pauses when the copy is older than `refresh` seconds. One read at a time:
+        the job threads that find the copy stale meanwhile wait for that read, not another."""
+        if time.monotonic() - self._read_at < self._refresh:
             return
-        pauses = throttle.active_pauses(self._pool)
-        with self._lock:
-            self._read_at = max(self._read_at, now)
-            until = {route: now + seconds for route, seconds in pauses.items()}
-            # NOTE: a pause this process wrote after the read began may be missing from it;
-            # dropping it would let the next call through.
-            for route, at in self._paused_at.items():
-                if at >= now and route in self._until:
-                    until[route] = max(until.get(route, 0.0), self._until[route])
-            self._until = until
+        with self._read_lock:
+            now = time.monotonic()
+            if now - self._read_at < self._refresh:
+                return
+            pauses = throttle.active_pauses(self._pool)
+            with self._lock:
+                self._read_at = now
+                until = {route: now + seconds for route, seconds in pauses.items()}
+                # NOTE: a pause this process wrote after the read began may be missing from it;
+                # dropping it would let the next call through.
+                for route, at in self._paused_at.items():
+                    if at >= now and route in self._until:
+                        until[route] = max(until.get(route, 0.0), self._until[route])
+                self._until = until
 
     def paused_for(self, route: str) -> float:
         """Seconds left in the route's pause as last read (0: not paused)."""
@@ -127,6 +134,13 @@ class RouteGate:
         is counted and its estimate reserved against the window when both fit; when they do not,
         the route is paused for every worker until the window ends.
         """
+        # NOTE: a job claimed just before another worker's 429 may reach here long after the
+        # claim round's read (a busy or cold worker): its call must not pass a stale copy.
+        try:
+            self.refresh()
+        except psycopg.Error as exc:
+            # NOTE: the call goes by the copy it has; the job's finalize meets the outage.
+            log.warning("gate.refresh_failed", route=route.name, error=str(exc))
         chars, count = prompt_chars(messages)
         answer = max_tokens if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) \
             else route.max_tokens_default or DEFAULT_MAX_TOKENS
