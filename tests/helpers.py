@@ -141,7 +141,7 @@ def job_state(client: falcon.testing.TestClient, auth: dict[str, str], job_id: s
     return str(result.json["state"])
 
 
-_PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s")
+_PLACEHOLDER = re.compile(r"%\((\w+)\)[sbt]|%[sbt]")
 
 
 def plan_tree(conn: psycopg.Connection[Any], statement: Any, params: Any = None, *,

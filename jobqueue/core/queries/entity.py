@@ -115,12 +115,14 @@ SELECT gate.parent_ok, gate.under_cap, gate.after_state, gate.depth_ok, job.id, 
 # - `bad_parents` lists the 0-based positions whose parent_id names no entity of the org.
 # - The key row holds every item's ids (batch_prompt_ids, batch_job_ids; 0014_workflows.sql).
 # The answer is one row: the gate's verdicts and how many jobs were written (0 or all).
+# PERF: the arrays go in binary (`%(..)b`, as queries/job.py's finalize explains): the web's
+# group submit (jobqueue/engine/submit_group.py) writes every POST /prompt through this one.
 PROMPT_INSERT_WITH_JOB_MANY = """
 WITH item AS (
     SELECT i.*
-      FROM unnest(%(prompt_ids)s::uuid[], %(job_ids)s::uuid[], %(parent_ids)s::uuid[],
-                  %(texts)s::text[], %(priorities)s::int[], %(max_attempts)s::int[],
-                  %(options)s::text[]::jsonb[], %(run_ats)s::timestamptz[], %(delays)s::int[])
+      FROM unnest(%(prompt_ids)b::uuid[], %(job_ids)b::uuid[], %(parent_ids)b::uuid[],
+                  %(texts)b::text[], %(priorities)b::int[], %(max_attempts)b::int[],
+                  %(options)b::text[]::jsonb[], %(run_ats)b::timestamptz[], %(delays)b::int[])
            WITH ORDINALITY AS i(prompt_id, job_id, parent_id, text, priority, max_attempts,
                                 options, run_at, delay_seconds, n)
 ), parent AS (
@@ -141,12 +143,12 @@ WITH item AS (
                           FROM sa_job
                          WHERE org_id = %(org_id)s AND state = 'queued'
                          LIMIT %(max_queued)s) AS capped)
-               + cardinality(%(job_ids)s::uuid[]) <= %(max_queued)s) AS under_cap
+               + cardinality(%(job_ids)b::uuid[]) <= %(max_queued)s) AS under_cap
 ), idempotency AS (
     INSERT INTO sa_idempotency_key AS k (org_id, user_id, key, request_hash, prompt_id, job_id,
                                          batch_prompt_ids, batch_job_ids)
     SELECT gate.org_id, gate.user_id, %(idempotency_key)s, %(request_hash)s,
-           (%(prompt_ids)s::uuid[])[1], (%(job_ids)s::uuid[])[1], %(prompt_ids)s, %(job_ids)s
+           (%(prompt_ids)b::uuid[])[1], (%(job_ids)b::uuid[])[1], %(prompt_ids)b, %(job_ids)b
       FROM gate
      WHERE gate.bad_parents IS NULL AND gate.under_cap
        AND %(idempotency_key)s::text IS NOT NULL
