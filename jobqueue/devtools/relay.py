@@ -14,7 +14,8 @@ __all__ = ["HELD_LINES", "Relay", "loud"]
 HELD_LINES = 200
 """Lines held back during start-up and shown if the start fails."""
 
-_QUIET = (b'"level": "info"', b'"level": "debug"')
+# NOTE: jobqueue/core/logs.py renders compact JSON (orjson: no space after a colon).
+_QUIET = (b'"level":"info"', b'"level":"debug"')
 
 
 def loud(line: bytes) -> bool:
