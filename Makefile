@@ -70,7 +70,8 @@ lint: $(STAMP)
 # marked xdist_group, which stays on one worker so its module-scoped servers start once. Three
 # workers on two cores: with two, the suite kept the cores 61 % busy (most tests wait on a browser,
 # a subprocess or a timer) and took 316-328 s; with three, 223-312 s in sixteen runs on four VMs, all
-# passed (process accounting, 2026-12-06 and 07; docs/performance.md).
+# passed, and 367-381 s on a VM three times slower in one thread, where four workers ran Postgres
+# out of connections (process accounting, 2026-12-06 and 07; docs/performance.md).
 test: lint
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 

@@ -4,9 +4,8 @@ reservations, the provider's `x-ratelimit-*` headers, 429s.
 The pauses live in Postgres (jobqueue/engine/throttle.py); this keeps a copy re-read when it is
 older than `refresh` seconds, at a claim or before a call, so checking a route costs a worker one
 round trip per `refresh` seconds, and a worker whose every route is paused skips its claims until
-one resumes. On a route with a limit, each
-call reserves its estimated tokens before it is sent (`admit`) and settles them to its reported
-usage after (`settle`, or `release` when it failed).
+one resumes. On a route with a limit, each call reserves its estimated tokens before it is sent
+(`admit`) and settles them to its reported usage after (`settle`, or `release` when it failed).
 """
 
 from __future__ import annotations
