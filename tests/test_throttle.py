@@ -12,14 +12,17 @@ from pathlib import Path
 
 import falcon.testing
 import pytest
+import structlog.testing
 from psycopg_pool import ConnectionPool
 
-from jobqueue.core.db import DictConnection
+from jobqueue.core.db import DictConnection, open_pool
 from jobqueue.core.routes import Route
 from jobqueue.core.settings import Settings
 from jobqueue.core.tokens import Caller
 from jobqueue.devtools.fake_provider import FakeConfig, FakeProvider
+from jobqueue.engine import throttle
 from jobqueue.engine.enqueue import enqueue
+from jobqueue.runtime.gate import RouteGate
 from tests.helpers import WorkerHarness, fetch_all, fetch_one, submit, wait_for
 from tests.metrics_page import scrape, value
 from tests.processes import log_lines, run_process
@@ -112,3 +115,30 @@ def test_past_the_cap_a_429_spends_attempts_so_no_job_waits_for_ever(
     assert attempts.count(1) > 1 and attempts[-1] == 2
     assert value(scrape(client), "sa_route_throttled_total", route="default", reason="429") > value(
         before, "sa_route_throttled_total", route="default", reason="429")
+
+
+def test_a_call_claimed_before_another_workers_429_waits_out_the_pause(
+        pool: ConnectionPool[DictConnection]) -> None:
+    # NOTE: a slow or cold worker: its claim round read the pauses before the 429, its call
+    # comes after it. The gate reads them again before the call.
+    route = Route(name="default", base_url="http://127.0.0.1:9")
+    gate = RouteGate(pool, refresh=0.0, window=60.0)
+    assert gate.all_paused([route]) is False
+    throttle.pause(pool, "default", 30.0, "429")
+
+    assert 25.0 < gate.admit(route).wait <= 30.0
+
+
+def test_a_call_goes_by_the_pauses_it_has_when_the_database_cannot_be_read(
+        settings: Settings, pool: ConnectionPool[DictConnection]) -> None:
+    throttle.pause(pool, "default", 30.0, "429")
+    route = Route(name="default", base_url="http://127.0.0.1:9")
+    own = open_pool(settings.database_url, name="gate-test", max_size=1)
+    gate = RouteGate(own, refresh=0.0, window=60.0)
+    assert gate.all_paused([route]) is True
+    own.close()
+
+    with structlog.testing.capture_logs() as logged:
+        ticket = gate.admit(route)
+    assert 25.0 < ticket.wait <= 30.0
+    assert [e["event"] for e in logged] == ["gate.refresh_failed"]
