@@ -7,15 +7,16 @@ measures what that costs the two commits every job makes besides its claim, on a
 database with one listener draining both channels (as a worker and an SSE hub would):
 - enqueue: `--clients` threads, each on its own connection, run the enqueue statement
   (PROMPT_INSERT_WITH_JOB) back to back, one commit each;
-- finalize: the same number of threads run the success finalize (JOB_SUCCEED_MANY_IF_CLAIMED)
+- finalize: the same number of threads run the success finalize (JOB_SET_STATE_IF_RUNNING_MANY)
   one job per commit, the worst case for the completer (an idle worker finishes jobs one by one).
 Modes, each on the same schema:
-- `trigger NOTIFY (0005)`: 0005_notify_channels.sql's trigger function re-applied: every
-  transition notifies inside its own commit (main before 0006);
-- `no NOTIFY`: 0006_notify_out_of_band.sql's trigger (no notification at all: the ceiling's
-  absence, and what SA_LISTEN=0 setups get);
-- `coalesced, interval X`: 0006 plus one jobqueue.core.wakeup.WakeupSender shared by the threads (as
-  in one process), told of every commit: what the code does now (SA_NOTIFY_INTERVAL=X).
+- `trigger NOTIFY`: a trigger of the bench's on sa_job notifies both channels inside every
+  writing commit, as 0005_notify_channels.sql's trigger did (main before 0006; since 0017 the
+  schema's event trigger is another, so re-applying 0005 would notify nothing);
+- `no NOTIFY`: the schema as it is (no notification at all: the ceiling's absence, and what
+  SA_LISTEN=0 setups get);
+- `coalesced, interval X`: the schema plus one jobqueue.core.wakeup.WakeupSender shared by the
+  threads (as in one process), told of every commit: what the code does (SA_NOTIFY_INTERVAL=X).
 Each row also shows how many notifications the listener received per second.
 """
 
@@ -35,10 +36,24 @@ from bench.common import format_table, scratch_database
 from jobqueue.core.queries import entity as entity_q
 from jobqueue.core.queries import job as job_q
 from jobqueue.core.wakeup import WakeupSender
-from jobqueue.schema.migrate import MIGRATIONS
+from jobqueue.engine.finalize import BATCH_COLUMNS
 
-TRIGGER_0005 = (MIGRATIONS / "0005_notify_channels.sql").read_text()
-TRIGGER_0006 = (MIGRATIONS / "0006_notify_out_of_band.sql").read_text()
+NOTIFY_IN_COMMIT = """
+CREATE FUNCTION bench_notify_in_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('sa_job_event', '');
+    IF TG_OP = 'INSERT' THEN
+        PERFORM pg_notify('sa_job_queued', '');
+    END IF;
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_notify_in_commit AFTER INSERT OR UPDATE ON sa_job
+    FOR EACH STATEMENT EXECUTE FUNCTION bench_notify_in_commit();
+"""
+NO_NOTIFY = """
+DROP TRIGGER IF EXISTS bench_notify_in_commit ON sa_job;
+DROP FUNCTION IF EXISTS bench_notify_in_commit();
+"""
 SETUP_JOBS = """
 WITH prompt AS (
     INSERT INTO sa_entity (id, kind, org_id, created_by, correlation_id, content)
@@ -88,24 +103,30 @@ def _enqueue_params() -> dict[str, Any]:
 
 
 def _finalize_params(job_id: uuid.UUID) -> dict[str, Any]:
-    return {"job_id": [job_id], "claim": ["bench"], "attempt": [1], "to_state": ["succeeded"],
-            "model": ["m"], "tokens_in": [1], "tokens_out": [1], "latency_ms": [1],
-            "http_status": [200], "response_id": [uuid.uuid4()], "content": ["answer"],
-            "error_kind": [None], "error_message": [None], "delay": [None], "spend_attempt": [True]}
+    row: dict[str, Any] = dict.fromkeys(BATCH_COLUMNS)
+    row.update(job_id=job_id, claim="bench", attempt=1, to_state="succeeded", model="m",
+               tokens_in=1, tokens_out=1, latency_ms=1, http_status=200,
+               response_id=uuid.uuid4(), content="answer", spend_attempt=True)
+    return {name: [value] for name, value in row.items()}
 
 
 def _run_threads(url: str, clients: int, seconds: float,
                  step: Callable[[psycopg.Connection[Any], int, int], bool]) -> int:
     """Runs `step(conn, thread, n)` in `clients` threads until `seconds` pass; returns total steps."""
     counts = [0] * clients
+    errors: list[BaseException] = []
     start = threading.Barrier(clients + 1)
     stop = threading.Event()
 
     def loop(k: int) -> None:
         with psycopg.connect(url, autocommit=True) as conn:
             start.wait()
-            while not stop.is_set() and step(conn, k, counts[k]):
-                counts[k] += 1
+            try:
+                while not stop.is_set() and step(conn, k, counts[k]):
+                    counts[k] += 1
+            except Exception as exc:
+                # NOTE: a thread that died would otherwise be printed as a rate of 0.
+                errors.append(exc)
 
     threads = [threading.Thread(target=loop, args=(k,)) for k in range(clients)]
     for t in threads:
@@ -115,6 +136,8 @@ def _run_threads(url: str, clients: int, seconds: float,
     stop.set()
     for t in threads:
         t.join()
+    if errors:
+        raise RuntimeError(f"{len(errors)} of {clients} threads failed") from errors[0]
     return sum(counts)
 
 
@@ -166,8 +189,8 @@ def main() -> None:
     rows = [["mode", "enqueue/s", "finalize/s", "heard/s (enqueue)", "heard/s (finalize)"]]
     with scratch_database() as url:
         modes: list[tuple[str, str, float | None]] = [
-            ("trigger NOTIFY (0005)", TRIGGER_0005, None), ("no NOTIFY", TRIGGER_0006, None)]
-        modes += [(f"coalesced, interval {x}", TRIGGER_0006, float(x))
+            ("trigger NOTIFY", NOTIFY_IN_COMMIT, None), ("no NOTIFY", NO_NOTIFY, None)]
+        modes += [(f"coalesced, interval {x}", NO_NOTIFY, float(x))
                   for x in args.intervals.split(",")]
         for name, trigger, interval in modes:
             with psycopg.connect(url, autocommit=True) as conn:
