@@ -49,8 +49,8 @@ log = structlog.get_logger(__name__)
 RESPONSE_NAMESPACE = uuid.UUID("5d0c8f3e-2a61-4c1f-9a57-9b1f0f3c7a10")
 
 BATCH_COLUMNS = ("job_id", "claim", "attempt", "to_state", "model", "tokens_in", "tokens_out",
-            "latency_ms", "http_status", "response_id", "content", "error_kind", "error_message",
-            "delay", "spend_attempt", "route", "cost", "next_route")
+                 "latency_ms", "http_status", "response_id", "content", "error_kind",
+                 "error_message", "delay", "spend_attempt", "route", "cost", "next_route")
 """The parameters of JOB_SET_STATE_IF_RUNNING_MANY, one array each (a row of a batch per job)."""
 
 
