@@ -114,7 +114,7 @@ def _run_threads(url: str, clients: int, seconds: float,
                  step: Callable[[psycopg.Connection[Any], int, int], bool]) -> int:
     """Runs `step(conn, thread, n)` in `clients` threads until `seconds` pass; returns total steps."""
     counts = [0] * clients
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
     start = threading.Barrier(clients + 1)
     stop = threading.Event()
 
