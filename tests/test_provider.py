@@ -36,6 +36,7 @@ class _ClosingServer:
         self.port = self._sock.getsockname()[1]
         self.connections = 0
         self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
         self.hung_up = threading.Event()
         self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
@@ -57,6 +58,7 @@ class _ClosingServer:
                 if request is None:
                     continue
                 self.heads.append(request[0])
+                self.bodies.append(request[1])
                 answer = json.dumps({"choices": [{"message": {"content": "hi"}}]}).encode()
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                              b"Connection: keep-alive\r\nContent-Length: %d\r\n\r\n%s"
@@ -250,6 +252,36 @@ def test_the_base_urls_query_string_and_extra_headers_go_with_every_call(
         b"POST /openai/deployments/gpt/chat/completions?api-version=2024-06-01 HTTP/1.1\r\n")
     assert b"\r\napi-key: azure-secret" in head
     assert b"Authorization" not in head
+
+
+def test_every_call_sends_one_head_with_its_own_content_length(
+    closing_server: _ClosingServer,
+) -> None:
+    # The head is built once per provider: only the Content-Length may differ between calls.
+    provider = Provider(f"http://127.0.0.1:{closing_server.port}/v1", "sk-test", 5.0,
+                        headers={"api-key": "azure-secret"})
+    texts = ["hi", "a longer prompt, é and all " * 40]
+    try:
+        for text in texts:
+            provider.complete("m", [{"role": "user", "content": text}])
+    finally:
+        provider.close()
+    for head, body, text in zip(closing_server.heads, closing_server.bodies, texts, strict=True):
+        request_line, *lines = head.decode().split("\r\n")
+        fields = dict(line.split(": ", 1) for line in lines)
+        assert request_line == "POST /v1/chat/completions HTTP/1.1"
+        assert len(fields) == len(lines)
+        assert fields["Host"] == f"127.0.0.1:{closing_server.port}"
+        assert fields["Authorization"] == "Bearer sk-test"
+        assert fields["api-key"] == "azure-secret"
+        assert fields["Content-Length"] == str(len(body))
+        assert json.loads(body)["messages"] == [{"role": "user", "content": text}]
+
+
+def test_a_header_with_a_line_break_is_refused_at_start_without_its_value() -> None:
+    with pytest.raises(ValueError, match="'api-key'") as refused:
+        Provider("http://127.0.0.1:9/v1", "", 5.0, headers={"api-key": "sk-secret\r\nX-Evil: 1"})
+    assert "sk-secret" not in str(refused.value)
 
 
 def test_a_streamed_answer_is_passed_on_piece_by_piece_and_kept_whole() -> None:

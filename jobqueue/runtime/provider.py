@@ -46,6 +46,7 @@ from jobqueue.runtime.provider_transport import (
     idle_socket_readable,
     proxy_authorization,
     remaining,
+    request_head,
 )
 from jobqueue.runtime.run_control import CallAbandoned, RunControl
 
@@ -97,7 +98,8 @@ class Provider:
             sources: local addresses new connections take in turn (None: the kernel's choice).
 
         Raises:
-            ValueError: the URL or the proxy is unusable (the message names no password).
+            ValueError: the URL, the proxy or a header is unusable (the message names no password
+                nor key).
         """
         url = urllib.parse.urlsplit(base_url)
         try:
@@ -129,6 +131,8 @@ class Provider:
         if self._tls is None:
             self._headers.update(proxy_headers)
         self._headers.update(headers or {})
+        self._head = request_head(self._new_connection(self._connect_timeout), self._path,
+                                  self._headers)
         self._local = threading.local()
         self._idle: deque[Connection] = deque()
         self._lock = threading.Lock()
@@ -203,8 +207,7 @@ class Provider:
             if control is not None:
                 control.attach(partial(cut, conn.sock))
             conn.sock.settimeout(remaining(deadline))
-            conn.request("POST", self._path, body=body, headers=self._headers)
-            response = conn.getresponse()
+            response = conn.post(self._head, body)
             try:
                 return self._answer(response, model, on_delta, started)
             finally:
@@ -316,10 +319,22 @@ class Provider:
             return conn
         if conn is not None:
             self._drop()
+        conn = self._new_connection(min(self._connect_timeout, remaining(deadline)))
+        # NOTE: the deadline bounds the proxy's CONNECT answer too.
+        conn.deadline = deadline
+        conn.read_timeout = self._read_timeout
+        with self._lock:
+            self._open.add(conn)
+        self._local.conn = conn
+        conn.connect()
+        return conn
+
+    def _new_connection(self, timeout: float) -> Connection:
+        """A connection to the provider (through the proxy, if any), not yet opened."""
         host, port = self._host, self._port
         if self._proxy is not None:
             host, port = self._proxy.hostname or "", self._proxy.port or 80
-        timeout = min(self._connect_timeout, remaining(deadline))
+        conn: Connection
         if self._tls is not None:
             conn = TLSConnection(host, port, timeout=timeout, context=self._tls)
             if self._proxy is not None:
@@ -328,13 +343,6 @@ class Provider:
             conn = Connection(host, port, timeout=timeout)
         if self._sources is not None:
             conn._create_connection = self._sources.connect
-        # NOTE: the deadline bounds the proxy's CONNECT answer too.
-        conn.deadline = deadline
-        conn.read_timeout = self._read_timeout
-        with self._lock:
-            self._open.add(conn)
-        self._local.conn = conn
-        conn.connect()
         return conn
 
     def _release(self) -> None:

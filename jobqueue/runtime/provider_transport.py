@@ -19,13 +19,14 @@ import ssl
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from jobqueue.core.redact import redact
 
 __all__ = ["Connection", "DeadlineReader", "SourceAddresses", "TLSConnection", "cut",
-           "environment_proxy", "idle_socket_readable", "proxy_authorization", "remaining"]
+           "environment_proxy", "idle_socket_readable", "proxy_authorization", "remaining",
+           "request_head"]
 
 # PERF: every call waiting for its answer holds this buffer (allocated with the response, before
 # a byte arrives); at 10,000 calls in flight 64 KiB buffers held 120 MiB more per worker and let
@@ -209,22 +210,44 @@ class Connection(http.client.HTTPConnection):
         super().__init__(*args, **kwargs)
         self.response_class = _response_class(self)  # type: ignore[assignment]
 
-    def _send_output(self, message_body: Any = None, encode_chunked: bool = False) -> None:
-        """Sends the head and a bytes body in one write.
+    def post(self, head: bytes, body: bytes) -> http.client.HTTPResponse:
+        """Sends a POST whose head `request_head` built, and returns its response with the
+        status and headers read.
 
-        PERF: http.client writes them apart: two syscalls and two segments a call, and on
-        loopback the reader's wake-up twice; one write cost a tenth less client CPU a call
-        against the bench's provider (docs/performance.md). NOTE: `_buffer` (the head's lines)
-        and this method are http.client's own, unchanged since Python 3.6; any other body
-        goes its way.
+        PERF: http.client builds and checks the request line and every header line again on each
+        request (putrequest, putheader): a fifth of a call's client CPU against the bench's
+        provider (bench/provider_call.py), where a provider's requests differ only by their
+        Content-Length. Head and body go in one write: http.client's two cost two syscalls and,
+        on loopback, two wake-ups of the provider. The response is read as getresponse() reads
+        it; http.client's own request state is never used, so it stays idle.
         """
-        if not isinstance(message_body, bytes) or encode_chunked:
-            super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
-            return
-        self._buffer.extend((b"", message_body))
-        head_and_body = b"\r\n".join(self._buffer)
-        del self._buffer[:]
-        self.send(head_and_body)
+        self.send(b"%s%d\r\n\r\n%s" % (head, len(body), body))
+        response: http.client.HTTPResponse = self.response_class(self.sock, method="POST")
+        response.begin()
+        return response
+
+
+def request_head(template: Connection, path: str, headers: Mapping[str, str]) -> bytes:
+    """The head of a POST to `path` with `headers` as http.client writes it on `template` (its
+    Host header, its checks of every name and value), up to the value of its Content-Length.
+
+    `template` is a connection configured like the calls' (tunnel included), never opened.
+
+    Raises:
+        ValueError: a header name or value http.client refuses (the message names the header,
+            never its value: it may be a key).
+    """
+    names = {name.lower() for name in headers}
+    template.putrequest("POST", path, skip_host="host" in names,
+                        skip_accept_encoding="accept-encoding" in names)
+    for name, value in headers.items():
+        try:
+            template.putheader(name, value)
+        except ValueError:
+            raise ValueError(f"the provider header {name[:64]!r} holds a character HTTP does not "
+                             "allow (a line break?)") from None
+    template.putheader("Content-Length", "")
+    return b"\r\n".join(template._buffer)
 
 
 class TLSConnection(Connection, http.client.HTTPSConnection):
