@@ -15,6 +15,7 @@ from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from jobqueue.core.dbcheck import check_connection
+from jobqueue.core.green_wait import ReadyFirstConnection
 from jobqueue.core.queries.maintenance import MAINTENANCE_SET_STATEMENT_TIMEOUT
 
 __all__ = ["SESSION_SETTINGS", "DictConnection", "borrow", "open_pool", "reconnecting", "terminated"]
@@ -117,7 +118,7 @@ def open_pool(
         # /prompt; a worker's batched claims and finalizes barely notice (bench/throughput.py).
         kwargs={"row_factory": dict_row, "autocommit": True,
                 "prepare_threshold": _PREPARE_AFTER if prepare else None},
-        connection_class=Connection[DictRow],
+        connection_class=ReadyFirstConnection,
         timeout=checkout_timeout,
         # NOTE: keep retrying through a long outage; the default gives up after 5 minutes.
         reconnect_timeout=3600.0,

@@ -235,12 +235,14 @@ def _planned(conn: DictConnection, cur: psycopg.Cursor[dict[str, Any]], statemen
     """Runs `statement` under the plan settings (and the org-capped lock) in one round trip.
 
     PERF: BEGIN, the settings, the statement and COMMIT cost four round trips one by one. In
-    pipeline mode they all go out before the one Sync that ends them, and the client waits once.
-    The pool's connections are autocommit, so no BEGIN is sent: everything before a Sync is one
-    implicit transaction, which the Sync commits, or rolls back whole when a statement failed
-    (the server skips the rest). set_config(..., true) therefore holds for this statement only and
-    never stays on the session, a transaction-mode pooler's included (it hands the server session
-    back only at the Sync's ReadyForQuery). tests/test_claim_round_trips.py counts the Syncs.
+    pipeline mode they all go out before the one Sync that ends them, and the client waits once
+    (under gevent too, where each statement waited its turn on the hub before going out:
+    jobqueue/core/green_wait.py). The pool's connections are autocommit, so no BEGIN is sent:
+    everything before a Sync is one implicit transaction, which the Sync commits, or rolls back
+    whole when a statement failed (the server skips the rest). set_config(..., true) therefore
+    holds for this statement only and never stays on the session, a transaction-mode pooler's
+    included (it hands the server session back only at the Sync's ReadyForQuery).
+    tests/test_claim_round_trips.py counts the Syncs.
     """
     with conn.pipeline():
         conn.execute(q.JOB_PLAN_SETTINGS)
