@@ -264,6 +264,9 @@ def test_every_call_sends_one_head_with_its_own_content_length(
     try:
         for text in texts:
             provider.complete("m", [{"role": "user", "content": text}])
+            # NOTE: the server closes each connection after its answer; the next call opens another.
+            assert closing_server.hung_up.wait(5)
+            closing_server.hung_up.clear()
     finally:
         provider.close()
     for head, body, text in zip(closing_server.heads, closing_server.bodies, texts, strict=True):
