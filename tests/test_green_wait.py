@@ -61,7 +61,7 @@ print(json.dumps(out))
 """
 
 
-def test_a_pipelines_statements_wait_on_the_hub_once_for_their_answer(database_url: str) -> None:
+def test_a_pipelines_statements_wait_on_the_hub_only_for_their_answers(database_url: str) -> None:
     done = subprocess.run([sys.executable, "-c", _SCRIPT, database_url, str(PIPELINES)],
                           capture_output=True, text=True, timeout=120, cwd=REPO, check=True)
     out = json.loads(done.stdout.splitlines()[-1])
